@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: BSL-1.0
+# The front door. On a fresh Debian machine:
+#   make demo    build and run the flagship example (installs missing packages)
+#   make test    the whole suite, with g++ and with clang++
+#   make asan    the whole suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make bench   the benchmarks, each beside its baselines (Release)
+
+JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
+GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build
+SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
+
+.PHONY: deps demo test test-gcc test-clang asan bench clean
+
+deps:
+	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing missing packages:" $$missing; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+
+define configure
+	cmake -S . -B build/$(1) -G "$(GENERATOR)" -DCMAKE_CXX_COMPILER=$(2) $(3) >/dev/null
+endef
+
+demo: deps
+	$(call configure,release,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
+	cmake --build build/release -j$(JOBS) --target amenity_discovery
+	./build/release/examples/amenity_discovery
+
+test: deps test-gcc test-clang
+
+test-gcc:
+	$(call configure,gcc,g++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF)
+	cmake --build build/gcc -j$(JOBS)
+	cd build/gcc && $(CTEST)
+
+test-clang:
+	$(call configure,clang,clang++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF)
+	cmake --build build/clang -j$(JOBS)
+	cd build/clang && $(CTEST)
+
+asan: deps
+	$(call configure,asan,clang++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_SKIP_PACKAGING_TESTS=ON \
+	  "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer")
+	cmake --build build/asan -j$(JOBS)
+	cd build/asan && ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 UBSAN_OPTIONS=print_stacktrace=1 $(CTEST)
+
+bench: deps
+	$(call configure,bench,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF)
+	cmake --build build/bench -j$(JOBS)
+	@for b in build/bench/benchmarks/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2 || exit 1; done
+	@for p in benchmarks/*_asyncio.py; do [ -f $$p ] && { echo "== $$p"; python3 $$p; }; done; true
+
+clean:
+	rm -rf build

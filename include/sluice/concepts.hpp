@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_CONCEPTS_HPP
+#define SLUICE_CONCEPTS_HPP
+
+#include <sluice/config.hpp>
+
+#include <asio/awaitable.hpp>
+
+#include <concepts>
+#include <iterator>
+#include <optional>
+#include <ranges>
+#include <type_traits>
+
+namespace sluice {
+
+namespace detail {
+template <class A>
+struct awaitable_traits {
+  static constexpr bool value = false;
+};
+template <class T, class Executor>
+struct awaitable_traits<asio::awaitable<T, Executor>> {
+  static constexpr bool value = true;
+  using result_type = T;
+  using executor_type = Executor;
+};
+template <class O>
+struct optional_traits {
+  static constexpr bool value = false;
+};
+template <class U>
+struct optional_traits<std::optional<U>> {
+  static constexpr bool value = true;
+  using value_type = U;
+};
+}  // namespace detail
+
+/// An `asio::awaitable<T, Executor>`: one task.
+template <class A>
+concept task = detail::awaitable_traits<std::remove_cvref_t<A>>::value;
+
+/// `T` of a task `asio::awaitable<T, Executor>`.
+template <task A>
+using task_result_t = typename detail::awaitable_traits<std::remove_cvref_t<A>>::result_type;
+
+/// `Executor` of a task `asio::awaitable<T, Executor>`.
+template <task A>
+using task_executor_t = typename detail::awaitable_traits<std::remove_cvref_t<A>>::executor_type;
+
+/// An input range (it may be lazy) whose elements are tasks.
+template <class R>
+concept task_range = std::ranges::input_range<R> && task<std::ranges::range_value_t<R>>;
+
+/// An asynchronous source: `next()` returns `asio::awaitable<std::optional<U>>`,
+/// empty at the end. `sluice::stream<T>` is one.
+template <class S>
+concept async_source = requires(S& s) {
+  { s.next() } -> task;
+} && detail::optional_traits<task_result_t<decltype(std::declval<S&>().next())>>::value;
+
+/// `U` of an async source whose `next()` yields `std::optional<U>`.
+template <async_source S>
+using async_source_value_t = typename detail::optional_traits<
+    task_result_t<decltype(std::declval<S&>().next())>>::value_type;
+
+}  // namespace sluice
+
+#endif  // SLUICE_CONCEPTS_HPP

@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_DETAIL_VIRTUAL_CLOCK_HPP
+#define SLUICE_DETAIL_VIRTUAL_CLOCK_HPP
+
+#include <sluice/config.hpp>
+
+#include <asio/execution_context.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace sluice::detail {
+
+using clock = std::chrono::steady_clock;
+
+// A pending virtual timer. It lives inside its operation; `fire` completes
+// (invoke = true) or destroys (invoke = false) the operation.
+struct virtual_timer_node {
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  clock::time_point deadline{};
+  std::uint64_t seq = 0;
+  std::size_t heap_index = npos;
+  void (*fire)(virtual_timer_node*, bool invoke, std::error_code) = nullptr;
+};
+
+// Virtual time for one execution context. Installed by
+// sluice::testing::virtual_loop; every sluice wait on time asks the context for
+// this service and, if it is there, uses it instead of the steady clock.
+// Invariants: `heap_` is a binary min-heap on (deadline, seq); each node's
+// heap_index is its position; `now_` never decreases.
+class virtual_clock_service final : public asio::execution_context::service {
+ public:
+  using key_type = virtual_clock_service;
+  inline static asio::execution_context::id id;
+
+  explicit virtual_clock_service(asio::execution_context& ctx)
+      : asio::execution_context::service(ctx) {}
+
+  clock::time_point now() const noexcept { return now_; }
+  bool empty() const noexcept { return heap_.empty(); }
+  std::size_t pending() const noexcept { return heap_.size(); }
+  clock::time_point next_deadline() const noexcept { return heap_.front()->deadline; }
+
+  void schedule(virtual_timer_node* n) {
+    n->seq = next_seq_++;
+    n->heap_index = heap_.size();
+    heap_.push_back(n);
+    sift_up(n->heap_index);
+  }
+
+  // Removes `n` if it is pending; O(log n).
+  bool cancel(virtual_timer_node* n) noexcept {
+    if (n->heap_index == virtual_timer_node::npos) return false;
+    std::size_t i = n->heap_index;
+    n->heap_index = virtual_timer_node::npos;
+    virtual_timer_node* last = heap_.back();
+    heap_.pop_back();
+    if (i < heap_.size()) {
+      heap_[i] = last;
+      last->heap_index = i;
+      sift_down(i);
+      sift_up(last->heap_index);
+    }
+    return true;
+  }
+
+  // Jumps to `t` (never backwards) and fires every timer due by then, in
+  // deadline order (FIFO among equal deadlines). Fired timers post their
+  // handlers; nothing runs inline.
+  void advance_to(clock::time_point t) {
+    if (t > now_) now_ = t;
+    while (!heap_.empty() && heap_.front()->deadline <= now_) {
+      virtual_timer_node* n = heap_.front();
+      cancel(n);
+      n->fire(n, true, std::error_code{});
+    }
+  }
+
+ private:
+  void shutdown() override {
+    // The context is going away: destroy pending operations without running them.
+    while (!heap_.empty()) {
+      virtual_timer_node* n = heap_.back();
+      cancel(n);
+      n->fire(n, false, std::error_code{});
+    }
+  }
+
+  static bool before(const virtual_timer_node* a, const virtual_timer_node* b) noexcept {
+    return a->deadline < b->deadline || (a->deadline == b->deadline && a->seq < b->seq);
+  }
+  void swap_nodes(std::size_t i, std::size_t j) noexcept {
+    std::swap(heap_[i], heap_[j]);
+    heap_[i]->heap_index = i;
+    heap_[j]->heap_index = j;
+  }
+  void sift_up(std::size_t i) noexcept {
+    while (i > 0 && before(heap_[i], heap_[(i - 1) / 2])) {
+      swap_nodes(i, (i - 1) / 2);
+      i = (i - 1) / 2;
+    }
+  }
+  void sift_down(std::size_t i) noexcept {
+    for (;;) {
+      std::size_t l = 2 * i + 1, r = l + 1, m = i;
+      if (l < heap_.size() && before(heap_[l], heap_[m])) m = l;
+      if (r < heap_.size() && before(heap_[r], heap_[m])) m = r;
+      if (m == i) return;
+      swap_nodes(i, m);
+      i = m;
+    }
+  }
+
+  clock::time_point now_{};
+  std::uint64_t next_seq_ = 0;
+  std::vector<virtual_timer_node*> heap_;
+};
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_VIRTUAL_CLOCK_HPP

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_TESTING_VIRTUAL_TIME_HPP
+#define SLUICE_TESTING_VIRTUAL_TIME_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/virtual_clock.hpp>
+#include <sluice/time.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+
+#include <chrono>
+#include <concepts>
+#include <exception>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+namespace sluice::testing {
+
+/// Thrown by `virtual_loop::run` when the main coroutine waits, nothing is
+/// ready to run and no timer is pending: the program would hang forever.
+class deadlock_error : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+/// A single-threaded loop whose time is virtual: whenever every coroutine is
+/// blocked, the clock jumps to the next deadline (as Trio's MockClock with
+/// autojump, or tokio's paused time). Hours of simulated latency run in
+/// milliseconds, and timings are exact and the same on every run.
+///
+/// Everything in sluice that waits on time (`sluice::sleep`, the
+/// `slow_service`, ...) reads its clock from the executor's context, so code
+/// under test runs unchanged. Virtual time starts at 0. Only sluice's waits are
+/// virtual: a raw `asio::steady_timer` still waits in real time, and work done
+/// on other threads is invisible to the autojump.
+///
+/// @code
+/// sluice::testing::virtual_loop loop;
+/// loop.run([]() -> asio::awaitable<void> { co_await sluice::sleep(5s); });
+/// assert(loop.now() == 5s);
+/// @endcode
+class virtual_loop {
+ public:
+  using executor_type = asio::io_context::executor_type;
+
+  virtual_loop() : clock_(asio::make_service<detail::virtual_clock_service>(ctx_)) {}
+  virtual_loop(const virtual_loop&) = delete;
+  virtual_loop& operator=(const virtual_loop&) = delete;
+
+  [[nodiscard]] executor_type get_executor() noexcept { return ctx_.get_executor(); }
+  [[nodiscard]] asio::io_context& context() noexcept { return ctx_; }
+
+  /// Virtual time elapsed since the loop was made.
+  [[nodiscard]] std::chrono::nanoseconds now() const noexcept {
+    return clock_.now().time_since_epoch();
+  }
+
+  /// Runs `main` to completion and returns its result or rethrows its
+  /// exception. Throws `deadlock_error` if it can never finish. Other
+  /// coroutines still pending afterwards are left as they are (they are
+  /// destroyed with the loop).
+  template <class T>
+  T run(asio::awaitable<T, asio::any_io_executor> main) {
+    std::optional<std::conditional_t<std::is_void_v<T>, char, T>> value;
+    std::exception_ptr error;
+    bool done = false;
+    if constexpr (std::is_void_v<T>) {
+      asio::co_spawn(ctx_, std::move(main), [&](std::exception_ptr e) {
+        error = e;
+        done = true;
+      });
+    } else {
+      asio::co_spawn(ctx_, std::move(main), [&](std::exception_ptr e, T v) {
+        error = e;
+        if (!e) value.emplace(std::move(v));
+        done = true;
+      });
+    }
+    drive([&] { return done; }, clock::time_point::max());
+    if (error) std::rethrow_exception(error);
+    if constexpr (!std::is_void_v<T>) return std::move(*value);
+  }
+
+  /// Calls `f()` (which returns an awaitable) and runs the result; `f` stays
+  /// alive meanwhile, so a lambda's captures are safe to use.
+  template <class F>
+    requires std::invocable<F&>
+  auto run(F&& f) {
+    return run(f());
+  }
+
+  /// Runs everything that is ready and advances virtual time by `d`, firing
+  /// the timers that fall due on the way.
+  void run_for(std::chrono::nanoseconds d) {
+    auto until = clock_.now() + d;
+    drive([] { return false; }, until);
+  }
+
+  /// Runs everything that is ready, without advancing time.
+  void poll() { drain(); }
+
+ private:
+  void drain() {
+    for (;;) {
+      ctx_.restart();
+      if (ctx_.poll() == 0) return;
+    }
+  }
+
+  template <class Done>
+  void drive(Done done, clock::time_point until) {
+    for (;;) {
+      drain();
+      if (done()) return;
+      if (clock_.empty() || clock_.next_deadline() > until) {
+        if (until != clock::time_point::max()) {
+          clock_.advance_to(until);
+          drain();
+          return;
+        }
+        throw deadlock_error(
+            "sluice::testing::virtual_loop: deadlock at t=" +
+            std::to_string(std::chrono::duration<double>(now()).count()) +
+            "s: the main coroutine waits, nothing is ready to run and no timer is pending");
+      }
+      clock_.advance_to(clock_.next_deadline());
+    }
+  }
+
+  asio::io_context ctx_{1};
+  detail::virtual_clock_service& clock_;
+};
+
+}  // namespace sluice::testing
+
+#endif  // SLUICE_TESTING_VIRTUAL_TIME_HPP

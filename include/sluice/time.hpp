@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_TIME_HPP
+#define SLUICE_TIME_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/completion.hpp>
+#include <sluice/detail/virtual_clock.hpp>
+
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/async_result.hpp>
+#include <asio/error.hpp>
+#include <asio/execution/context_as.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <chrono>
+
+namespace sluice {
+
+/// The clock of every sluice wait on time. In production this is
+/// `std::chrono::steady_clock`; under `sluice::testing::virtual_loop` the same
+/// type carries virtual time.
+using clock = std::chrono::steady_clock;
+
+namespace detail {
+
+inline virtual_clock_service* find_virtual_clock(asio::execution_context& ctx) {
+  return asio::has_service<virtual_clock_service>(ctx) ? &asio::use_service<virtual_clock_service>(ctx)
+                                                       : nullptr;
+}
+
+template <class Executor>
+virtual_clock_service* find_virtual_clock(const Executor& ex) {
+  return find_virtual_clock(asio::query(ex, asio::execution::context_as<asio::execution_context&>));
+}
+
+// One virtual sleep: a node in the virtual clock's heap that owns the handler.
+template <class Handler, class Executor>
+struct virtual_sleep_op final : virtual_timer_node {
+  virtual_sleep_op(Handler&& h, const Executor& e, virtual_clock_service& s)
+      : handler(std::move(h)), ex(e), svc(s) {
+    fire = &do_fire;
+  }
+
+  static void do_fire(virtual_timer_node* n, bool invoke, std::error_code ec) {
+    auto* op = static_cast<virtual_sleep_op*>(n);
+    Handler h = std::move(op->handler);
+    Executor ex = op->ex;
+    delete op;
+    if (invoke) {
+      post_completion(std::move(h), ex, ec);
+    } else if (auto slot = asio::get_associated_cancellation_slot(h); slot.is_connected()) {
+      slot.clear();
+    }
+  }
+
+  // Installed in the handler's cancellation slot. It must not clear the slot
+  // it runs from, so it unschedules the timer and completes it from a post.
+  struct cancel_handler {
+    explicit cancel_handler(virtual_sleep_op* o) noexcept : op(o) {}
+    virtual_sleep_op* op;
+    void operator()(asio::cancellation_type type) const {
+      if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
+                   asio::cancellation_type::total)) == asio::cancellation_type::none)
+        return;
+      if (!op->svc.cancel(op)) return;  // already fired or already cancelled
+      asio::post(op->ex, [o = op] { do_fire(o, true, asio::error::operation_aborted); });
+    }
+  };
+
+  Handler handler;
+  Executor ex;
+  virtual_clock_service& svc;
+};
+
+template <class Executor>
+struct initiate_virtual_sleep {
+  Executor ex;
+  virtual_clock_service* svc;
+  template <class Handler>
+  void operator()(Handler&& handler, clock::time_point deadline) const {
+    auto* op = new virtual_sleep_op<std::decay_t<Handler>, Executor>(std::forward<Handler>(handler),
+                                                                      ex, *svc);
+    op->deadline = deadline;
+    svc->schedule(op);
+    auto slot = asio::get_associated_cancellation_slot(op->handler);
+    if (slot.is_connected()) slot.template emplace<typename std::remove_pointer_t<decltype(op)>::cancel_handler>(op);
+  }
+};
+
+}  // namespace detail
+
+/// The current time on `ex`'s execution context: virtual under
+/// `sluice::testing::virtual_loop`, `std::chrono::steady_clock::now()` otherwise.
+template <class Executor>
+[[nodiscard]] clock::time_point now(const Executor& ex) {
+  if (auto* v = detail::find_virtual_clock(ex)) return v->now();
+  return clock::now();
+}
+
+/// Waits until `deadline` on the clock of the awaiting coroutine's executor.
+///
+/// Resumes on the coroutine's executor. Per-operation cancellation: terminal,
+/// partial and total cancellation end the wait at once with
+/// `asio::error::operation_aborted` (thrown as `std::system_error`).
+[[nodiscard]] inline asio::awaitable<void> sleep_until(clock::time_point deadline) {
+  auto ex = co_await asio::this_coro::executor;
+  if (auto* v = detail::find_virtual_clock(ex)) {
+    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(std::error_code)>(
+        detail::initiate_virtual_sleep<asio::any_io_executor>{ex, v}, asio::use_awaitable,
+        deadline);
+  } else {
+    asio::steady_timer timer(ex, deadline);
+    co_await timer.async_wait(asio::use_awaitable);
+  }
+}
+
+/// Waits for `duration` on the clock of the awaiting coroutine's executor (see
+/// `sleep_until`). A zero or negative duration still yields once to the loop.
+///
+/// @code
+/// co_await sluice::sleep(std::chrono::milliseconds(200));
+/// @endcode
+[[nodiscard]] inline asio::awaitable<void> sleep(clock::duration duration) {
+  auto ex = co_await asio::this_coro::executor;
+  co_await sleep_until(now(ex) + duration);
+}
+
+}  // namespace sluice
+
+#endif  // SLUICE_TIME_HPP
