@@ -11,6 +11,9 @@
 #include <sluice/concepts.hpp>
 #include <sluice/outcome.hpp>
 
+// Fan-out
+#include <sluice/gather.hpp>
+
 // Time
 #include <sluice/time.hpp>
 

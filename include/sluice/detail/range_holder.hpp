@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_DETAIL_RANGE_HOLDER_HPP
+#define SLUICE_DETAIL_RANGE_HOLDER_HPP
+
+#include <sluice/config.hpp>
+
+#include <memory>
+#include <ranges>
+#include <type_traits>
+#include <utility>
+
+namespace sluice::detail {
+
+// Keeps the input of a fan-out alive for as long as the fan-out runs: an
+// rvalue range is moved in and owned, an lvalue range is referenced (the
+// caller keeps it alive until the awaited call returns). Replaces
+// std::views::all, which clang 14 cannot instantiate with libstdc++ 12.
+template <class R>
+class range_holder {
+ public:
+  explicit range_holder(R&& r) : r_(std::move(r)) {}
+  R& get() noexcept { return r_; }
+
+ private:
+  R r_;
+};
+
+template <class R>
+class range_holder<R&> {
+ public:
+  explicit range_holder(R& r) noexcept : r_(std::addressof(r)) {}
+  R& get() noexcept { return *r_; }
+
+ private:
+  R* r_;
+};
+
+// The iteration state of a held range, advanced one element at a time.
+template <class R>
+class range_cursor {
+  using range_type = std::remove_reference_t<R>;
+
+ public:
+  explicit range_cursor(R&& r)
+      : holder_(std::forward<R>(r)),
+        it_(std::ranges::begin(holder_.get())),
+        end_(std::ranges::end(holder_.get())) {}
+  range_cursor(const range_cursor&) = delete;
+  range_cursor& operator=(const range_cursor&) = delete;
+
+  bool done() const { return it_ == end_; }
+  range_type& range() noexcept { return holder_.get(); }
+  // Moves the current element out and advances.
+  auto take() {
+    auto value = std::ranges::iter_move(it_);
+    ++it_;
+    return value;
+  }
+
+ private:
+  range_holder<R> holder_;
+  std::ranges::iterator_t<range_type> it_;
+  std::ranges::sentinel_t<range_type> end_;
+};
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_RANGE_HOLDER_HPP

@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_GATHER_HPP
+#define SLUICE_GATHER_HPP
+
+#include <sluice/concepts.hpp>
+#include <sluice/config.hpp>
+#include <sluice/detail/child_set.hpp>
+#include <sluice/detail/range_holder.hpp>
+#include <sluice/outcome.hpp>
+
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <system_error>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace sluice {
+
+namespace detail {
+
+template <class T>
+using gather_value_t = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
+
+// The result of a ranged gather: vector<T> (void: nothing), or
+// vector<outcome<T>> when settling.
+template <class T, bool Settle>
+using gather_result_t = std::conditional_t<Settle, std::vector<outcome<T>>,
+                                           std::conditional_t<std::is_void_v<T>, void, std::vector<T>>>;
+
+// One bounded fan-out over a range, shared by its workers.
+// Invariants: results_.size() == pulled_; slot i is filled when task i ends;
+// first_error_ is the first failure in time (never set by the aftermath of a
+// cancelled parent).
+template <class R, bool Settle>
+struct gather_state {
+  using task_type = std::ranges::range_value_t<std::remove_reference_t<R>>;
+  using value_type = task_result_t<task_type>;
+  using slot_type = std::conditional_t<Settle, outcome<value_type>, gather_value_t<value_type>>;
+  static constexpr bool settle = Settle;
+  static constexpr bool store_results = Settle || !std::is_void_v<value_type>;
+
+  explicit gather_state(R&& r) : input(std::forward<R>(r)), children(std::make_shared<child_set>()) {}
+
+  void fail(std::exception_ptr e, std::size_t worker) {
+    if (!first_error && !children->parent_cancelled()) first_error = std::move(e);
+    children->cancel_all(worker);
+  }
+
+  range_cursor<R> input;
+  std::shared_ptr<child_set> children;
+  std::vector<std::optional<slot_type>> results;
+  std::size_t pulled = 0;
+  std::exception_ptr first_error;
+};
+
+// Takes the next task and its index, or nothing when the input is exhausted,
+// the fan-out is stopping, or the input itself threw (recorded as a failure:
+// fail fast cancels the running tasks, settling lets them finish).
+template <class State>
+std::optional<std::pair<typename State::task_type, std::size_t>> pull(State& s, std::size_t self) {
+  if (s.children->stopping()) return std::nullopt;
+  try {
+    if (s.input.done()) return std::nullopt;
+    std::pair<typename State::task_type, std::size_t> next(s.input.take(), s.pulled++);
+    if constexpr (State::store_results) s.results.emplace_back();
+    return next;
+  } catch (...) {
+    if (!s.first_error) s.first_error = std::current_exception();
+    s.children->cancel_all(self, State::settle ? asio::cancellation_type::none
+                                               : asio::cancellation_type::terminal);
+    return std::nullopt;
+  }
+}
+
+// A worker awaits its task inline, then pulls the next one only when it is
+// free: a task costs about as much as a sequential co_await, not a co_spawn.
+template <class State, class Executor>
+asio::awaitable<void, Executor> gather_worker(std::shared_ptr<State> s, std::size_t self,
+                                              std::optional<std::pair<typename State::task_type, std::size_t>> job) {
+  for (; job; job = pull(*s, self)) {
+    const std::size_t index = job->second;
+    try {
+      if constexpr (std::is_void_v<typename State::value_type>) {
+        co_await std::move(job->first);
+        if constexpr (State::settle) s->results[index].emplace();
+      } else {
+        auto value = co_await std::move(job->first);
+        s->results[index].emplace(std::move(value));
+      }
+    } catch (...) {
+      if constexpr (State::settle) {
+        s->results[index].emplace(std::current_exception());
+      } else {
+        s->fail(std::current_exception(), self);
+      }
+    }
+  }
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> throw_if_caller_cancelled() {
+  auto state = co_await asio::this_coro::cancellation_state;
+  if (state.cancelled() != asio::cancellation_type::none)
+    throw std::system_error(asio::error::operation_aborted, "sluice: cancelled before start");
+}
+
+template <class State>
+using state_executor_t = task_executor_t<typename State::task_type>;
+
+template <class State>
+using state_result_t = gather_result_t<typename State::value_type, State::settle>;
+
+// Runs a fan-out whose state (and so its input) was made by the caller. The
+// parent hands each new worker its first task, so workers = min(limit, tasks)
+// without knowing the input's size.
+template <class State>
+asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(
+    std::shared_ptr<State> s, std::size_t limit) {
+  using executor_type = state_executor_t<State>;
+  using result_type = state_result_t<State>;
+
+  co_await throw_if_caller_cancelled<executor_type>();
+  auto ex = co_await asio::this_coro::executor;
+  if (s->input.done()) co_return result_type();
+
+  while (s->children->size() < limit) {
+    auto job = pull(*s, child_set::none);
+    if (!job) break;
+    s->children->spawn(ex, gather_worker<State, executor_type>(s, s->children->size(), std::move(job)));
+  }
+
+  std::error_code ec;
+  co_await s->children->async_join(ex, asio::redirect_error(asio::use_awaitable_t<executor_type>{}, ec));
+  if (s->first_error) std::rethrow_exception(s->first_error);
+  if (ec) throw std::system_error(ec, "sluice::gather");
+  if (auto e = s->children->escaped()) std::rethrow_exception(e);
+
+  if constexpr (!std::is_void_v<result_type>) {
+    result_type out;
+    out.reserve(s->results.size());
+    for (auto& slot : s->results) out.push_back(std::move(*slot));
+    co_return out;
+  }
+}
+
+// Takes the range into a new state now (not when the call is first awaited)
+// and returns the awaitable call.
+template <bool Settle, class R>
+auto start_gather(std::size_t limit, R&& r) {
+  auto s = std::make_shared<gather_state<R, Settle>>(std::forward<R>(r));
+  if constexpr (gather_state<R, Settle>::store_results && std::ranges::sized_range<std::remove_reference_t<R>>)
+    s->results.reserve(static_cast<std::size_t>(std::ranges::size(s->input.range())));
+  return run_gather(std::move(s), limit);
+}
+
+inline void check_limit(std::size_t limit, const char* who) {
+  if (limit == 0)
+    throw std::invalid_argument(std::string(who) + ": limit must be at least 1 (got 0)");
+}
+
+template <class T, class Executor>
+asio::awaitable<void, Executor> store_into(asio::awaitable<T, Executor> task,
+                                           std::optional<gather_value_t<T>>& slot) {
+  if constexpr (std::is_void_v<T>) {
+    co_await std::move(task);
+    slot.emplace();
+  } else {
+    slot.emplace(co_await std::move(task));
+  }
+}
+
+template <class Executor, class... T, std::size_t... I>
+asio::awaitable<std::tuple<gather_value_t<T>...>, Executor> gather_tuple(
+    std::index_sequence<I...>, asio::awaitable<T, Executor>... tasks) {
+  std::tuple<std::optional<gather_value_t<T>>...> slots;
+  std::vector<asio::awaitable<void, Executor>> wrapped;
+  wrapped.reserve(sizeof...(T));
+  (wrapped.push_back(store_into(std::move(tasks), std::get<I>(slots))), ...);
+  co_await start_gather<false>(sizeof...(T), std::move(wrapped));
+  co_return std::tuple<gather_value_t<T>...>(std::move(*std::get<I>(slots))...);
+}
+
+template <class>
+inline constexpr bool dependent_false = false;
+
+}  // namespace detail
+
+/// Runs every task of `tasks` concurrently, at most `limit` at a time, and
+/// returns their results in input order.
+///
+/// - Bounded and lazy: `limit` workers each pull the next task only when free,
+///   so the range (it may be lazy) is advanced only as slots free up, at most
+///   `limit` tasks exist unfinished at a time, and the instant one finishes the
+///   next starts (no batches).
+/// - Runs on the awaiting coroutine's executor; no thread, no io_context.
+/// - Fail fast: the first exception (first in time) stops the pulling, cancels
+///   the running siblings (terminal cancellation), waits until every one of
+///   them has finished, then is rethrown. Nothing runs on after the call.
+/// - An exception thrown by the range itself (its iterator) is handled the same
+///   way.
+/// - Per-Operation Cancellation: cancelling the caller (terminal) cancels all
+///   running tasks, waits for them, and throws `std::system_error` with
+///   `asio::error::operation_aborted`.
+/// - Empty input completes at once with an empty vector. `limit == 0` throws
+///   `std::invalid_argument` before anything starts.
+///
+/// Lifetimes: an rvalue range is moved into the call; an lvalue range is used
+/// in place and must outlive the awaited call.
+///
+/// @code
+/// std::vector<asio::awaitable<place>> searches;
+/// for (auto& c : categories) searches.push_back(search(c));
+/// std::vector<place> found = co_await sluice::gather_with_concurrency(5, std::move(searches));
+/// @endcode
+template <task_range R>
+[[nodiscard]] auto gather_with_concurrency(std::size_t limit, R&& tasks) {
+  detail::check_limit(limit, "sluice::gather_with_concurrency");
+  return detail::start_gather<false>(limit, std::forward<R>(tasks));
+}
+
+/// `gather_with_concurrency` that settles instead of failing fast: nothing is
+/// cancelled when a task fails, every task runs, and slot i holds task i's
+/// value or exception as an `outcome`. Cancelling the caller still cancels the
+/// running tasks and throws `operation_aborted`; an exception thrown by the
+/// range itself stops the pulling, lets the running tasks finish, and is
+/// rethrown.
+template <task_range R>
+[[nodiscard]] auto gather_with_concurrency(std::size_t limit, R&& tasks, return_exceptions_t) {
+  detail::check_limit(limit, "sluice::gather_with_concurrency");
+  return detail::start_gather<true>(limit, std::forward<R>(tasks));
+}
+
+/// Runs every task of `tasks` concurrently (no bound) and returns their results
+/// in input order; `std::vector<T>`, or nothing for `void` tasks. Same
+/// fail-fast, cancellation and lifetime rules as `gather_with_concurrency`.
+///
+/// @code
+/// auto [user, orders] = co_await sluice::gather(fetch_user(id), fetch_orders(id));
+/// std::vector<int> sizes = co_await sluice::gather(std::move(size_tasks));
+/// @endcode
+template <task_range R>
+[[nodiscard]] auto gather(R&& tasks) {
+  return detail::start_gather<false>(std::numeric_limits<std::size_t>::max(), std::forward<R>(tasks));
+}
+
+/// Settling `gather`: every task runs; each result is an `outcome<T>`.
+template <task_range R>
+[[nodiscard]] auto gather(R&& tasks, return_exceptions_t) {
+  return detail::start_gather<true>(std::numeric_limits<std::size_t>::max(), std::forward<R>(tasks));
+}
+
+/// Runs the given tasks concurrently and returns a `std::tuple` of their
+/// results (`std::monostate` for a `void` task). Fail fast as the ranged form.
+template <class... T, class Executor>
+  requires(sizeof...(T) > 0)
+[[nodiscard]] asio::awaitable<std::tuple<detail::gather_value_t<T>...>, Executor> gather(
+    asio::awaitable<T, Executor>... tasks) {
+  return detail::gather_tuple<Executor>(std::index_sequence_for<T...>{}, std::move(tasks)...);
+}
+
+/// Misuse: a range whose elements are not `asio::awaitable<T>`.
+template <class R>
+  requires(!task_range<R> && !task<R>)
+void gather(R&&) {
+  static_assert(detail::dependent_false<R>,
+                "sluice::gather takes a range of asio::awaitable<T> (e.g. "
+                "std::vector<asio::awaitable<int>>) or awaitables as separate arguments; "
+                "call your coroutine functions to make the tasks: fetch(id), not fetch or an id.");
+}
+
+}  // namespace sluice
+
+#endif  // SLUICE_GATHER_HPP
