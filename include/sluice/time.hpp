@@ -100,21 +100,32 @@ template <class Executor>
   return clock::now();
 }
 
+namespace detail {
+
+// Waits until `deadline` on `ex`, in virtual time when `v` is the context's
+// virtual clock, on an asio::steady_timer otherwise.
+template <class Executor>
+asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_service* v,
+                                           clock::time_point deadline) {
+  if (v) {
+    co_await asio::async_initiate<const asio::use_awaitable_t<Executor>&, void(std::error_code)>(
+        initiate_virtual_sleep<Executor>{ex, v}, asio::use_awaitable_t<Executor>{}, deadline);
+  } else {
+    asio::basic_waitable_timer<clock, asio::wait_traits<clock>, Executor> timer(ex, deadline);
+    co_await timer.async_wait(asio::use_awaitable_t<Executor>{});
+  }
+}
+
+}  // namespace detail
+
 /// Waits until `deadline` on the clock of the awaiting coroutine's executor.
 ///
-/// Resumes on the coroutine's executor. Per-operation cancellation: terminal,
+/// Resumes on the coroutine's executor. Per-Operation Cancellation: terminal,
 /// partial and total cancellation end the wait at once with
 /// `asio::error::operation_aborted` (thrown as `std::system_error`).
 [[nodiscard]] inline asio::awaitable<void> sleep_until(clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
-  if (auto* v = detail::find_virtual_clock(ex)) {
-    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(std::error_code)>(
-        detail::initiate_virtual_sleep<asio::any_io_executor>{ex, v}, asio::use_awaitable,
-        deadline);
-  } else {
-    asio::steady_timer timer(ex, deadline);
-    co_await timer.async_wait(asio::use_awaitable);
-  }
+  co_await detail::wait_until(ex, detail::find_virtual_clock(ex), deadline);
 }
 
 /// Waits for `duration` on the clock of the awaiting coroutine's executor (see
@@ -125,7 +136,8 @@ template <class Executor>
 /// @endcode
 [[nodiscard]] inline asio::awaitable<void> sleep(clock::duration duration) {
   auto ex = co_await asio::this_coro::executor;
-  co_await sleep_until(now(ex) + duration);
+  auto* v = detail::find_virtual_clock(ex);
+  co_await detail::wait_until(ex, v, (v ? v->now() : clock::now()) + duration);
 }
 
 }  // namespace sluice

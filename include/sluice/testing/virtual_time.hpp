@@ -48,7 +48,7 @@ class virtual_loop {
  public:
   using executor_type = asio::io_context::executor_type;
 
-  virtual_loop() : clock_(asio::make_service<detail::virtual_clock_service>(ctx_)) {}
+  virtual_loop() : clock_(asio::make_service<sluice::detail::virtual_clock_service>(ctx_)) {}
   virtual_loop(const virtual_loop&) = delete;
   virtual_loop& operator=(const virtual_loop&) = delete;
 
@@ -133,7 +133,7 @@ class virtual_loop {
   }
 
   asio::io_context ctx_{1};
-  detail::virtual_clock_service& clock_;
+  sluice::detail::virtual_clock_service& clock_;
 };
 
 }  // namespace sluice::testing

@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_TESTING_SLOW_SERVICE_HPP
+#define SLUICE_TESTING_SLOW_SERVICE_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/time.hpp>
+
+#include <asio/awaitable.hpp>
+#include <asio/this_coro.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace sluice::testing {
+
+/// What a latency or failure model sees of one call.
+struct call_info {
+  std::size_t index;     ///< 0-based, in order of arrival
+  std::string_view key;  ///< the caller's key ("" if none)
+  std::string_view op;   ///< the caller's operation name ("" if none)
+};
+
+/// Per-call latency: any function of the call.
+using latency_model = std::function<std::chrono::nanoseconds(const call_info&)>;
+/// Per-call failure: true makes the call throw `service_error` after its latency.
+using failure_model = std::function<bool(const call_info&)>;
+
+}  // namespace sluice::testing
+
+namespace sluice::detail {
+// splitmix64: a deterministic, portable hash of (seed, index). Models draw from
+// it by call index, so a call's latency does not depend on scheduling order.
+constexpr std::uint64_t mix(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace sluice::detail
+
+namespace sluice::testing {
+
+/// Latency models.
+namespace latency {
+/// Every call takes `d`.
+inline latency_model fixed(std::chrono::nanoseconds d) {
+  return [d](const call_info&) { return d; };
+}
+/// Uniform in [lo, hi] in whole milliseconds, drawn from (seed, call index).
+inline latency_model uniform(std::chrono::nanoseconds lo, std::chrono::nanoseconds hi,
+                             std::uint64_t seed = 1) {
+  if (hi < lo) throw std::invalid_argument("sluice::testing::latency::uniform: hi < lo");
+  const auto lo_ms = std::chrono::ceil<std::chrono::milliseconds>(lo).count();
+  const auto span = std::chrono::floor<std::chrono::milliseconds>(hi).count() - lo_ms + 1;
+  return [=](const call_info& c) -> std::chrono::nanoseconds {
+    const auto r = sluice::detail::mix(seed * 0x100000001b3ULL ^ c.index) % static_cast<std::uint64_t>(span);
+    return std::chrono::milliseconds(lo_ms + static_cast<std::int64_t>(r));
+  };
+}
+/// Call i takes `list[i % list.size()]`.
+inline latency_model sequence(std::vector<std::chrono::nanoseconds> list) {
+  if (list.empty()) throw std::invalid_argument("sluice::testing::latency::sequence: empty list");
+  return [l = std::move(list)](const call_info& c) { return l[c.index % l.size()]; };
+}
+/// Any function of the call (key, op, index).
+inline latency_model from(latency_model f) { return f; }
+}  // namespace latency
+
+/// Failure models.
+namespace failures {
+/// No call fails.
+inline failure_model none() { return {}; }
+/// The calls with these 0-based indices fail.
+inline failure_model at_calls(std::vector<std::size_t> indices) {
+  return [s = std::unordered_set<std::size_t>(indices.begin(), indices.end())](const call_info& c) {
+    return s.count(c.index) != 0;
+  };
+}
+/// Every call for one of these keys fails.
+inline failure_model for_keys(std::vector<std::string> keys) {
+  return [s = std::unordered_set<std::string>(keys.begin(), keys.end())](const call_info& c) {
+    return s.count(std::string(c.key)) != 0;
+  };
+}
+/// Each call fails with probability `p`, drawn from (seed, call index).
+inline failure_model probability(double p, std::uint64_t seed = 1) {
+  if (!(p >= 0.0 && p <= 1.0))
+    throw std::invalid_argument("sluice::testing::failures::probability: p must be in [0, 1]");
+  return [=](const call_info& c) {
+    return static_cast<double>(sluice::detail::mix(seed ^ (c.index * 0x9e3779b97f4a7c15ULL)) >> 11) *
+               0x1.0p-53 <
+           p;
+  };
+}
+}  // namespace failures
+
+/// The provider's limit; a call over it is answered at once with `throttled_error`.
+struct quota {
+  std::size_t max_in_flight = 0;     ///< more than this many in flight is throttled (0: no limit)
+  std::size_t calls_per_window = 0;  ///< more than this many starts per `window` is throttled (0: no limit)
+  std::chrono::nanoseconds window{std::chrono::seconds(1)};
+};
+
+/// An injected failure of a `slow_service` call.
+class service_error : public std::runtime_error {
+ public:
+  service_error(const std::string& what, std::size_t index, std::string key)
+      : std::runtime_error(what), index_(index), key_(std::move(key)) {}
+  [[nodiscard]] std::size_t index() const noexcept { return index_; }
+  [[nodiscard]] const std::string& key() const noexcept { return key_; }
+
+ private:
+  std::size_t index_;
+  std::string key_;
+};
+
+/// A call refused by the provider's quota (HTTP 429).
+class throttled_error : public service_error {
+ public:
+  using service_error::service_error;
+};
+
+/// How one call ended.
+enum class call_result { running, ok, failed, throttled, cancelled };
+
+/// One row of the timeline: times are relative to the service's origin (0 in
+/// virtual time; the first call in real time).
+struct call_record {
+  std::size_t index;
+  std::string key;
+  std::string op;
+  std::chrono::nanoseconds start;
+  std::chrono::nanoseconds end;
+  call_result result;
+};
+
+/// A simulated slow external provider (HTTP API, object store, LLM endpoint).
+///
+/// `call(key, op)` waits for the latency the model gives the call, on the
+/// clock of the awaiting coroutine's executor: virtual under
+/// `virtual_loop` (exact, instant), real otherwise (`time_scale` shrinks it for
+/// demos). It may then fail (`service_error`), or be refused at once by the
+/// quota (`throttled_error`). Cancellation ends the wait with
+/// `operation_aborted` and is recorded. Statistics: calls, in flight (now and
+/// maximum, overall and per key), collisions per key (a call for a key while
+/// another for it is in flight), failures, throttles, and a timeline.
+///
+/// Loop-affine: use it from the thread running its callers' loop.
+///
+/// @code
+/// sluice::testing::slow_service places({.latency = sluice::testing::latency::uniform(1s, 5s, 42)});
+/// loop.run(sluice::gather_with_concurrency(5, make_calls(places, 14)));
+/// assert(places.max_in_flight() == 5);
+/// @endcode
+class slow_service {
+ public:
+  struct options {
+    latency_model latency = latency::fixed(std::chrono::seconds(1));
+    failure_model failure = {};
+    struct quota quota = {};
+    double time_scale = 1.0;      ///< multiplies every latency (real-time demos)
+    bool record_timeline = true;  ///< off for million-call benchmarks
+  };
+
+  slow_service() : slow_service(options{}) {}
+  explicit slow_service(options o) : opt_(std::move(o)) {
+    if (!opt_.latency) throw std::invalid_argument("sluice::testing::slow_service: no latency model");
+    if (!(opt_.time_scale > 0.0))
+      throw std::invalid_argument("sluice::testing::slow_service: time_scale must be > 0");
+  }
+  slow_service(const slow_service&) = delete;
+  slow_service& operator=(const slow_service&) = delete;
+
+  /// One call: waits for its latency, then returns or throws.
+  [[nodiscard]] asio::awaitable<void> call(std::string key = {}, std::string op = {}) {
+    auto ex = co_await asio::this_coro::executor;
+    auto* vclock = sluice::detail::find_virtual_clock(ex);
+    const auto t0 = vclock ? vclock->now() : clock::now();
+    if (!origin_set_) {
+      origin_ = vclock ? clock::time_point{} : t0;
+      origin_set_ = true;
+    }
+    const std::size_t index = calls_++;
+    const call_info info{index, key, op};
+    if (opt_.record_timeline) timeline_.push_back({index, key, op, t0 - origin_, t0 - origin_, call_result::running});
+
+    if (throttled(t0)) {
+      ++throttles_;
+      finish(index, t0, call_result::throttled);
+      throw throttled_error("slow_service: call #" + std::to_string(index) + describe(key) +
+                                " throttled by the provider's quota",
+                            index, key);
+    }
+    starts_.push_back(t0);
+    enter(key);
+    const auto lat = opt_.latency(info);
+    const auto scaled = std::chrono::duration_cast<clock::duration>(lat * opt_.time_scale);
+    try {
+      co_await sluice::detail::wait_until(ex, vclock, t0 + scaled);
+    } catch (...) {
+      leave(key);
+      ++cancellations_;
+      finish(index, vclock ? vclock->now() : clock::now(), call_result::cancelled);
+      throw;
+    }
+    leave(key);
+    const auto t1 = vclock ? vclock->now() : clock::now();
+    if (opt_.failure && opt_.failure(info)) {
+      ++failures_;
+      finish(index, t1, call_result::failed);
+      throw service_error("slow_service: call #" + std::to_string(index) + describe(key) + " failed",
+                          index, key);
+    }
+    ++completed_;
+    finish(index, t1, call_result::ok);
+  }
+
+  /// Calls started (throttled ones included).
+  [[nodiscard]] std::size_t calls() const noexcept { return calls_; }
+  [[nodiscard]] std::size_t completed() const noexcept { return completed_; }
+  [[nodiscard]] std::size_t failures() const noexcept { return failures_; }
+  [[nodiscard]] std::size_t throttles() const noexcept { return throttles_; }
+  [[nodiscard]] std::size_t cancellations() const noexcept { return cancellations_; }
+  [[nodiscard]] std::size_t in_flight() const noexcept { return in_flight_; }
+  [[nodiscard]] std::size_t max_in_flight() const noexcept { return max_in_flight_; }
+  [[nodiscard]] std::size_t in_flight(const std::string& key) const { return per_key(key).in_flight; }
+  [[nodiscard]] std::size_t max_in_flight(const std::string& key) const {
+    return per_key(key).max_in_flight;
+  }
+  /// Calls for `key` that started while another call for it was in flight.
+  [[nodiscard]] std::size_t collisions(const std::string& key) const { return per_key(key).collisions; }
+  /// Collisions summed over all keys.
+  [[nodiscard]] std::size_t collisions() const noexcept { return collisions_; }
+  /// One record per call, in order of arrival (empty if record_timeline is off).
+  [[nodiscard]] const std::vector<call_record>& timeline() const noexcept { return timeline_; }
+  [[nodiscard]] double time_scale() const noexcept { return opt_.time_scale; }
+
+ private:
+  struct key_stats {
+    std::size_t in_flight = 0, max_in_flight = 0, collisions = 0;
+  };
+
+  static std::string describe(const std::string& key) { return key.empty() ? "" : " (key " + key + ")"; }
+
+  const key_stats& per_key(const std::string& key) const {
+    static const key_stats empty;
+    auto it = keys_.find(key);
+    return it == keys_.end() ? empty : it->second;
+  }
+
+  bool throttled(clock::time_point t) {
+    if (opt_.quota.max_in_flight && in_flight_ >= opt_.quota.max_in_flight) return true;
+    if (opt_.quota.calls_per_window) {
+      const auto window = std::chrono::duration_cast<clock::duration>(opt_.quota.window * opt_.time_scale);
+      while (!starts_.empty() && starts_.front() <= t - window) starts_.pop_front();
+      if (starts_.size() >= opt_.quota.calls_per_window) return true;
+    } else {
+      starts_.clear();
+    }
+    return false;
+  }
+
+  void enter(const std::string& key) {
+    max_in_flight_ = std::max(max_in_flight_, ++in_flight_);
+    if (key.empty()) return;
+    auto& k = keys_[key];
+    if (k.in_flight > 0) {
+      ++k.collisions;
+      ++collisions_;
+    }
+    k.max_in_flight = std::max(k.max_in_flight, ++k.in_flight);
+  }
+
+  void leave(const std::string& key) {
+    --in_flight_;
+    if (!key.empty()) --keys_[key].in_flight;
+  }
+
+  void finish(std::size_t index, clock::time_point t, call_result r) {
+    if (!opt_.record_timeline) return;
+    timeline_[index].end = t - origin_;
+    timeline_[index].result = r;
+  }
+
+  options opt_;
+  bool origin_set_ = false;
+  clock::time_point origin_{};
+  std::size_t calls_ = 0, completed_ = 0, failures_ = 0, throttles_ = 0, cancellations_ = 0;
+  std::size_t in_flight_ = 0, max_in_flight_ = 0, collisions_ = 0;
+  std::unordered_map<std::string, key_stats> keys_;
+  std::deque<clock::time_point> starts_;
+  std::vector<call_record> timeline_;
+};
+
+}  // namespace sluice::testing
+
+#endif  // SLUICE_TESTING_SLOW_SERVICE_HPP

@@ -1,0 +1,403 @@
+// SPDX-License-Identifier: BSL-1.0
+#include <sluice/gather.hpp>
+#include <sluice/testing/slow_service.hpp>
+#include <sluice/testing/virtual_time.hpp>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+
+#include <catch2/catch.hpp>
+#include <support/lazy_tasks.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <numeric>
+#include <queue>
+#include <string>
+#include <vector>
+
+using namespace std::chrono_literals;
+using sluice::testing::slow_service;
+using sluice::testing::virtual_loop;
+namespace latency = sluice::testing::latency;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+namespace {
+
+// A task that sleeps `d` and returns `v`, recording nothing else.
+asio::awaitable<int> after(nanoseconds d, int v) {
+  co_await sluice::sleep(d);
+  co_return v;
+}
+
+asio::awaitable<int> fail_after(nanoseconds d, std::string what) {
+  co_await sluice::sleep(d);
+  throw std::runtime_error(what);
+}
+
+asio::awaitable<int> call_returning(slow_service& svc, int v, std::string key = {}) {
+  co_await svc.call(std::move(key));
+  co_return v;
+}
+
+std::vector<asio::awaitable<int>> calls(slow_service& svc, std::size_t n) {
+  std::vector<asio::awaitable<int>> v;
+  for (std::size_t i = 0; i < n; ++i) v.push_back(call_returning(svc, static_cast<int>(i)));
+  return v;
+}
+
+// The makespan of greedy list scheduling on `workers` machines: each job, in
+// order, starts on the machine that frees first. Independent of sluice.
+nanoseconds greedy_makespan(const std::vector<nanoseconds>& jobs, std::size_t workers) {
+  std::priority_queue<nanoseconds, std::vector<nanoseconds>, std::greater<>> free_at;
+  for (std::size_t i = 0; i < workers; ++i) free_at.push(0ns);
+  nanoseconds end{0};
+  for (auto j : jobs) {
+    auto t = free_at.top();
+    free_at.pop();
+    free_at.push(t + j);
+    end = std::max(end, t + j);
+  }
+  return end;
+}
+
+}  // namespace
+
+TEST_CASE("results come back in input order, not completion order", "[gather]") {
+  virtual_loop loop;
+  auto r = loop.run([]() -> asio::awaitable<std::vector<int>> {
+    std::vector<asio::awaitable<int>> v;
+    v.push_back(after(300ms, 0));
+    v.push_back(after(100ms, 1));
+    v.push_back(after(200ms, 2));
+    co_return co_await sluice::gather(std::move(v));
+  });
+  CHECK(r == std::vector<int>{0, 1, 2});
+  CHECK(loop.now() == 300ms);
+}
+
+TEST_CASE("nine category searches of 200 ms take 1.8 s one by one and 0.4 s bounded by 5", "[gather]") {
+  slow_service places({.latency = latency::fixed(200ms)});
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    for (int i = 0; i < 9; ++i) co_await places.call("category-" + std::to_string(i));
+  });
+  CHECK(loop.now() == 1800ms);
+
+  virtual_loop bounded;
+  slow_service places2({.latency = latency::fixed(200ms)});
+  auto r = bounded.run(sluice::gather_with_concurrency(5, calls(places2, 9)));
+  CHECK(r.size() == 9);
+  CHECK(bounded.now() == 400ms);
+  CHECK(places2.max_in_flight() == 5);
+}
+
+TEST_CASE("fourteen calls of 1 to 5 s: sequential is the sum, bounded by 5 is the greedy makespan",
+          "[gather]") {
+  const auto model = latency::uniform(1s, 5s, 7);
+  std::vector<nanoseconds> jobs;
+  for (std::size_t i = 0; i < 14; ++i) jobs.push_back(model({i, "", ""}));
+  const auto sum = std::accumulate(jobs.begin(), jobs.end(), nanoseconds{0});
+  REQUIRE(sum >= 14s);
+
+  virtual_loop seq;
+  slow_service svc_seq({.latency = model});
+  seq.run([&]() -> asio::awaitable<void> {
+    for (int i = 0; i < 14; ++i) co_await svc_seq.call();
+  });
+  CHECK(seq.now() == sum);
+
+  virtual_loop par;
+  slow_service svc_par({.latency = model});
+  par.run(sluice::gather_with_concurrency(5, calls(svc_par, 14)));
+  CHECK(par.now() == greedy_makespan(jobs, 5));
+  CHECK(par.now() < sum / 3);
+}
+
+TEST_CASE("limit 2 over 0.1 0.2 0.2 0.1 finishes at 0.3 s where batches would take 0.4 s", "[gather]") {
+  slow_service svc({.latency = latency::sequence({100ms, 200ms, 200ms, 100ms})});
+  virtual_loop loop;
+  loop.run(sluice::gather_with_concurrency(2, calls(svc, 4)));
+  CHECK(loop.now() == 300ms);
+  // The third call starts the instant the first frees its slot (0.1 s), the
+  // fourth when the second ends (0.2 s): no batches.
+  REQUIRE(svc.timeline().size() == 4);
+  CHECK(svc.timeline()[2].start == 100ms);
+  CHECK(svc.timeline()[3].start == 200ms);
+}
+
+TEST_CASE("at most limit tasks run at once: max in flight is min(limit, n)", "[gather]") {
+  for (std::size_t limit : {1u, 3u, 5u, 16u}) {
+    for (std::size_t n : {1u, 4u, 10u}) {
+      slow_service svc({.latency = latency::uniform(10ms, 90ms, limit * 31 + n)});
+      virtual_loop loop;
+      auto r = loop.run(sluice::gather_with_concurrency(limit, calls(svc, n)));
+      CHECK(r.size() == n);
+      CHECK(svc.max_in_flight() == std::min(limit, n));
+      CHECK(svc.completed() == n);
+    }
+  }
+}
+
+TEST_CASE("unbounded gather runs every task at once", "[gather]") {
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  auto r = loop.run(sluice::gather(calls(svc, 50)));
+  CHECK(r.size() == 50);
+  CHECK(svc.max_in_flight() == 50);
+  CHECK(loop.now() == 1s);
+}
+
+TEST_CASE("a lazy input is pulled only as slots free up", "[gather]") {
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(
+      20, [&](std::size_t i) { return call_returning(svc, static_cast<int>(i)); });
+  std::size_t pulled_at_first_completion = 0;
+  auto watch = [&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(999ms);
+    pulled_at_first_completion = input.pulled();
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    auto r = co_await sluice::gather(watch(), sluice::gather_with_concurrency(3, input));
+    CHECK(std::get<1>(r).size() == 20);
+  });
+  CHECK(pulled_at_first_completion == 3);
+  CHECK(input.pulled() == 20);
+  CHECK(loop.now() == 7s);  // ceil(20 / 3) rounds of 1 s
+}
+
+TEST_CASE("an unsized lazy input works unbounded too", "[gather]") {
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(
+      7, [&](std::size_t i) { return call_returning(svc, static_cast<int>(i) * 2); });
+  auto r = loop.run(sluice::gather(input));
+  CHECK(r == std::vector<int>{0, 2, 4, 6, 8, 10, 12});
+  CHECK(svc.max_in_flight() == 7);
+  CHECK(loop.now() == 1s);
+}
+
+TEST_CASE("the first exception in time is rethrown after every sibling was cancelled and finished",
+          "[gather]") {
+  slow_service svc({.latency = latency::fixed(10s)});
+  virtual_loop loop;
+  std::size_t in_flight_after = 99;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<int>> v;
+    v.push_back(fail_after(300ms, "second in time"));
+    v.push_back(call_returning(svc, 1));
+    v.push_back(fail_after(200ms, "first in time"));
+    v.push_back(call_returning(svc, 2));
+    try {
+      co_await sluice::gather_with_concurrency(4, std::move(v));
+      FAIL("gather did not throw");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "first in time");
+    }
+    in_flight_after = svc.in_flight();
+  });
+  CHECK(in_flight_after == 0);
+  CHECK(svc.cancellations() == 2);
+  CHECK(loop.now() == 200ms);
+}
+
+TEST_CASE("nothing is pulled from the input after a failure", "[gather]") {
+  virtual_loop loop;
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(100, [](std::size_t i) {
+    return i == 4 ? fail_after(150ms, "task 4") : after(100ms, static_cast<int>(i));
+  });
+  CHECK_THROWS_WITH(loop.run(sluice::gather_with_concurrency(2, input)), "task 4");
+  // Tasks 0,1 end at 0.1 s; 2,3 at 0.2 s; 4 and 5 start at 0.2 s; 5 ends at
+  // 0.3 s and 6 starts; 4 fails at 0.35 s and 6 is cancelled. 7 items were
+  // pulled, none after the failure.
+  CHECK(input.pulled() == 7);
+  CHECK(loop.now() == 350ms);
+}
+
+TEST_CASE("an exception thrown by the input range is rethrown after running tasks were cancelled",
+          "[gather]") {
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(
+      10, [&](std::size_t i) { return call_returning(svc, static_cast<int>(i)); });
+  input.throw_at(3);
+  CHECK_THROWS_AS(loop.run(sluice::gather_with_concurrency(2, input)), sluice_test::input_broken);
+  CHECK(svc.in_flight() == 0);
+  CHECK(input.pulled() == 3);
+}
+
+TEST_CASE("return_exceptions runs every task and keeps each value or exception in its slot",
+          "[gather]") {
+  slow_service svc({.latency = latency::fixed(1s), .failure = sluice::testing::failures::at_calls({1, 3})});
+  virtual_loop loop;
+  auto r = loop.run(sluice::gather_with_concurrency(2, calls(svc, 5), sluice::return_exceptions));
+  REQUIRE(r.size() == 5);
+  CHECK(svc.completed() == 3);
+  CHECK(svc.cancellations() == 0);
+  CHECK(loop.now() == 3s);
+  for (std::size_t i : {0u, 2u, 4u}) {
+    REQUIRE(r[i].has_value());
+    CHECK(*r[i] == static_cast<int>(i));
+  }
+  for (std::size_t i : {1u, 3u}) {
+    REQUIRE_FALSE(r[i]);
+    CHECK_THROWS_AS(r[i].value(), sluice::testing::service_error);
+  }
+}
+
+TEST_CASE("return_exceptions over void tasks gives outcome<void> slots", "[gather]") {
+  virtual_loop loop;
+  auto r = loop.run([]() -> asio::awaitable<std::vector<sluice::outcome<void>>> {
+    std::vector<asio::awaitable<void>> v;
+    v.push_back(sluice::sleep(1s));
+    v.push_back([]() -> asio::awaitable<void> {
+      throw std::logic_error("x");
+      co_return;  // makes the lambda a coroutine: it throws when awaited, not when called
+    }());
+    co_return co_await sluice::gather(std::move(v), sluice::return_exceptions);
+  });
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].has_value());
+  CHECK_THROWS_AS(r[1].value(), std::logic_error);
+}
+
+TEST_CASE("cancelling the caller cancels every child, waits for them and completes with operation_aborted",
+          "[gather]") {
+  slow_service svc({.latency = latency::fixed(10s)});
+  virtual_loop loop;
+  asio::cancellation_signal cancel;
+  std::exception_ptr error;
+  bool done = false;
+  asio::co_spawn(loop.get_executor(), sluice::gather_with_concurrency(3, calls(svc, 6)),
+                 asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, std::vector<int>) {
+                   error = e;
+                   done = true;
+                 }));
+  loop.run_for(1500ms);
+  REQUIRE(svc.in_flight() == 3);
+  cancel.emit(asio::cancellation_type::terminal);
+  loop.run_for(0ms);
+  REQUIRE(done);
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.cancellations() == 3);
+  CHECK(svc.calls() == 3);
+  REQUIRE(error);
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == asio::error::operation_aborted);
+  }
+}
+
+TEST_CASE("a timeout around gather stops it at the deadline with nothing left running", "[gather]") {
+  using namespace asio::experimental::awaitable_operators;
+  slow_service svc({.latency = latency::fixed(10s)});
+  virtual_loop loop;
+  auto r = loop.run([&]() -> asio::awaitable<std::variant<std::vector<int>, std::monostate>> {
+    co_return co_await (sluice::gather_with_concurrency(4, calls(svc, 8)) || sluice::sleep(2s));
+  });
+  CHECK(r.index() == 1);
+  CHECK(loop.now() == 2s);
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.cancellations() == 4);
+}
+
+TEST_CASE("a caller cancelled before the call starts nothing", "[gather]") {
+  slow_service svc;
+  virtual_loop loop;
+  asio::cancellation_signal cancel;
+  std::exception_ptr error;
+  asio::co_spawn(
+      loop.get_executor(),
+      [&]() -> asio::awaitable<void> {
+        co_await asio::this_coro::throw_if_cancelled(false);
+        try {
+          co_await sluice::sleep(1s);
+        } catch (const std::system_error&) {
+        }
+        co_await asio::this_coro::throw_if_cancelled(true);
+        co_await sluice::gather_with_concurrency(2, calls(svc, 4));
+      },
+      asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e) { error = e; }));
+  loop.run_for(100ms);
+  cancel.emit(asio::cancellation_type::terminal);
+  loop.run_for(5s);
+  REQUIRE(error);
+  CHECK_THROWS_AS(std::rethrow_exception(error), std::system_error);
+  CHECK(svc.calls() == 0);
+}
+
+TEST_CASE("empty input completes at once with an empty result", "[gather]") {
+  virtual_loop loop;
+  auto r = loop.run(sluice::gather_with_concurrency(3, std::vector<asio::awaitable<int>>{}));
+  CHECK(r.empty());
+  auto s = loop.run(sluice::gather(std::vector<asio::awaitable<int>>{}, sluice::return_exceptions));
+  CHECK(s.empty());
+  loop.run(sluice::gather(std::vector<asio::awaitable<void>>{}));
+  CHECK(loop.now() == 0s);
+}
+
+TEST_CASE("limit 0 throws invalid_argument before anything starts", "[gather]") {
+  slow_service svc;
+  std::size_t made = 0;
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(3, [&](std::size_t i) {
+    ++made;
+    return call_returning(svc, static_cast<int>(i));
+  });
+  CHECK_THROWS_AS(sluice::gather_with_concurrency(0, input), std::invalid_argument);
+  CHECK_THROWS_AS(sluice::gather_with_concurrency(0, input, sluice::return_exceptions),
+                  std::invalid_argument);
+  CHECK(made == 0);
+  CHECK(svc.calls() == 0);
+}
+
+TEST_CASE("variadic gather returns a tuple, void as monostate, all running at once", "[gather]") {
+  virtual_loop loop;
+  auto [a, b, c] = loop.run([]() -> asio::awaitable<std::tuple<int, std::monostate, int>> {
+    co_return co_await sluice::gather(after(300ms, 1), sluice::sleep(200ms), after(100ms, 3));
+  });
+  CHECK(a == 1);
+  CHECK(c == 3);
+  (void)b;
+  CHECK(loop.now() == 300ms);
+}
+
+TEST_CASE("variadic gather fails fast and cancels the others", "[gather]") {
+  slow_service svc({.latency = latency::fixed(5s)});
+  virtual_loop loop;
+  CHECK_THROWS_WITH(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::gather(call_returning(svc, 1), fail_after(1s, "boom"), svc.call());
+  }),
+                    "boom");
+  CHECK(loop.now() == 1s);
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.cancellations() == 2);
+}
+
+TEST_CASE("gather of void tasks waits for all and returns nothing", "[gather]") {
+  slow_service svc({.latency = latency::sequence({1s, 3s, 2s})});
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<void>> v;
+    for (int i = 0; i < 3; ++i) v.push_back(svc.call());
+    co_await sluice::gather_with_concurrency(2, std::move(v));
+  });
+  CHECK(loop.now() == 3s);
+  CHECK(svc.completed() == 3);
+}
+
+TEST_CASE("immediately completing tasks all run and keep their order", "[gather]") {
+  virtual_loop loop;
+  auto r = loop.run([]() -> asio::awaitable<std::vector<int>> {
+    std::vector<asio::awaitable<int>> v;
+    for (int i = 0; i < 1000; ++i) v.push_back([](int x) -> asio::awaitable<int> { co_return x; }(i));
+    co_return co_await sluice::gather_with_concurrency(8, std::move(v));
+  });
+  REQUIRE(r.size() == 1000);
+  for (int i = 0; i < 1000; ++i) REQUIRE(r[static_cast<std::size_t>(i)] == i);
+}
