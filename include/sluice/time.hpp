@@ -137,7 +137,9 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
 [[nodiscard]] inline asio::awaitable<void> sleep(clock::duration duration) {
   auto ex = co_await asio::this_coro::executor;
   auto* v = detail::find_virtual_clock(ex);
-  co_await detail::wait_until(ex, v, (v ? v->now() : clock::now()) + duration);
+  // Computed outside the co_await: g++ 12 miscompiles a ?: in a co_await operand.
+  const clock::time_point deadline = (v ? v->now() : clock::now()) + duration;
+  co_await detail::wait_until(ex, v, deadline);
 }
 
 }  // namespace sluice

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: BSL-1.0
+#include <sluice/gather.hpp>
+#include <sluice/testing/slow_service.hpp>
+#include <sluice/testing/virtual_time.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+using namespace std::chrono_literals;
+using namespace sluice::testing;
+
+namespace {
+std::vector<asio::awaitable<void>> calls(slow_service& svc, std::vector<std::string> keys) {
+  std::vector<asio::awaitable<void>> v;
+  for (auto& k : keys) v.push_back(svc.call(k));
+  return v;
+}
+}  // namespace
+
+TEST_CASE("a call takes the latency its model gives it", "[slow_service]") {
+  slow_service svc({.latency = latency::sequence({1s, 2s, 500ms})});
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    for (int i = 0; i < 4; ++i) co_await svc.call();
+  });
+  CHECK(loop.now() == 4500ms);  // 1 + 2 + 0.5 + 1 (the list cycles)
+  REQUIRE(svc.timeline().size() == 4);
+  CHECK(svc.timeline()[1].start == 1s);
+  CHECK(svc.timeline()[1].end == 3s);
+  CHECK(svc.timeline()[3].result == call_result::ok);
+}
+
+TEST_CASE("uniform latency is deterministic per seed and stays in range", "[slow_service]") {
+  auto a = latency::uniform(1s, 5s, 42);
+  auto b = latency::uniform(1s, 5s, 42);
+  auto c = latency::uniform(1s, 5s, 43);
+  bool differs = false;
+  for (std::size_t i = 0; i < 200; ++i) {
+    const call_info info{i, "", ""};
+    CHECK(a(info) == b(info));
+    CHECK(a(info) >= 1s);
+    CHECK(a(info) <= 5s);
+    differs = differs || a(info) != c(info);
+  }
+  CHECK(differs);
+}
+
+TEST_CASE("a latency function sees the key and the operation", "[slow_service]") {
+  slow_service svc({.latency = latency::from([](const call_info& c) {
+                      return c.op == "slow" ? std::chrono::nanoseconds(3s) : std::chrono::nanoseconds(1s);
+                    })});
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await svc.call("k", "slow");
+    co_await svc.call("k", "fast");
+  });
+  CHECK(loop.now() == 4s);
+}
+
+TEST_CASE("failures are injected by call index, by key and by seeded probability", "[slow_service]") {
+  {
+    slow_service svc({.latency = latency::fixed(1s), .failure = failures::at_calls({1})});
+    virtual_loop loop;
+    auto r = loop.run(sluice::gather(calls(svc, {"a", "b", "c"}), sluice::return_exceptions));
+    CHECK(r[0]);
+    CHECK_FALSE(r[1]);
+    CHECK(r[2]);
+    CHECK(svc.failures() == 1);
+    CHECK(svc.timeline()[1].result == call_result::failed);
+    CHECK(svc.timeline()[1].end == 1s);  // fails after its latency, like a real error response
+  }
+  {
+    slow_service svc({.latency = latency::fixed(1s), .failure = failures::for_keys({"bad"})});
+    virtual_loop loop;
+    auto r = loop.run(sluice::gather(calls(svc, {"ok", "bad", "ok2", "bad"}), sluice::return_exceptions));
+    CHECK(svc.failures() == 2);
+    try {
+      r[1].value();
+    } catch (const service_error& e) {
+      CHECK(e.key() == "bad");
+      CHECK(e.index() == 1);
+    }
+  }
+  {
+    auto count = [](std::uint64_t seed) {
+      slow_service svc({.latency = latency::fixed(1ms), .failure = failures::probability(0.25, seed)});
+      virtual_loop loop;
+      std::vector<std::string> keys(400);
+      loop.run(sluice::gather(calls(svc, keys), sluice::return_exceptions));
+      return svc.failures();
+    };
+    CHECK(count(9) == count(9));
+    CHECK(count(9) > 60);
+    CHECK(count(9) < 140);
+  }
+}
+
+TEST_CASE("a provider quota on calls in flight throttles the excess at once", "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(1s), .quota = {.max_in_flight = 3}});
+  virtual_loop loop;
+  auto r = loop.run(sluice::gather(calls(svc, std::vector<std::string>(5)), sluice::return_exceptions));
+  CHECK(svc.throttles() == 2);
+  CHECK(svc.completed() == 3);
+  CHECK_THROWS_AS(r[3].value(), throttled_error);
+  CHECK(svc.timeline()[4].result == call_result::throttled);
+  CHECK(svc.timeline()[4].end == 0s);
+
+  slow_service bounded({.latency = latency::fixed(1s), .quota = {.max_in_flight = 3}});
+  virtual_loop loop2;
+  loop2.run(sluice::gather_with_concurrency(3, calls(bounded, std::vector<std::string>(9))));
+  CHECK(bounded.throttles() == 0);
+  CHECK(loop2.now() == 3s);
+}
+
+TEST_CASE("a provider quota of M calls per window throttles the M+1th call in the window",
+          "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(100ms), .quota = {.calls_per_window = 2, .window = 1s}});
+  virtual_loop loop;
+  int throttled = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    for (int i = 0; i < 3; ++i) {
+      try {
+        co_await svc.call();
+      } catch (const throttled_error&) {
+        ++throttled;
+      }
+    }
+    co_await sluice::sleep(1s);
+    co_await svc.call();  // the window has moved on
+  });
+  CHECK(throttled == 1);
+  CHECK(svc.completed() == 3);
+}
+
+TEST_CASE("collisions count calls for a key that start while another is in flight", "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  loop.run(sluice::gather(calls(svc, {"acct-1", "acct-1", "acct-2", "acct-1"})));
+  CHECK(svc.collisions("acct-1") == 2);
+  CHECK(svc.collisions("acct-2") == 0);
+  CHECK(svc.collisions() == 2);
+  CHECK(svc.max_in_flight("acct-1") == 3);
+  CHECK(svc.in_flight("acct-1") == 0);
+  CHECK(svc.max_in_flight() == 4);
+}
+
+TEST_CASE("a cancelled call is recorded and leaves nothing in flight", "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(10s)});
+  virtual_loop loop;
+  using namespace asio::experimental::awaitable_operators;
+  loop.run([&]() -> asio::awaitable<void> { co_await (svc.call("k") || sluice::sleep(2s)); });
+  CHECK(svc.cancellations() == 1);
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.in_flight("k") == 0);
+  CHECK(svc.timeline()[0].result == call_result::cancelled);
+  CHECK(svc.timeline()[0].end == 2s);
+}
+
+TEST_CASE("bad models are rejected with invalid_argument", "[slow_service]") {
+  CHECK_THROWS_AS(latency::uniform(5s, 1s), std::invalid_argument);
+  CHECK_THROWS_AS(latency::sequence({}), std::invalid_argument);
+  CHECK_THROWS_AS(failures::probability(1.5), std::invalid_argument);
+  CHECK_THROWS_AS(slow_service({.time_scale = 0.0}), std::invalid_argument);
+}
+
+TEST_CASE("the time scale shrinks latencies for real-time demos", "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(10s), .time_scale = 0.01});
+  virtual_loop loop;
+  loop.run(svc.call());
+  CHECK(loop.now() == 100ms);
+}

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: BSL-1.0
+#include <sluice/testing/virtual_time.hpp>
+#include <sluice/time.hpp>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <system_error>
+#include <vector>
+
+using namespace std::chrono_literals;
+using sluice::testing::virtual_loop;
+
+TEST_CASE("sleep advances virtual time exactly and instantly", "[time]") {
+  virtual_loop loop;
+  const auto wall0 = std::chrono::steady_clock::now();
+  loop.run([]() -> asio::awaitable<void> {
+    co_await sluice::sleep(3h);
+    co_await sluice::sleep(250ms);
+  });
+  CHECK(loop.now() == 3h + 250ms);
+  // Three simulated hours must not take one real minute; this only guards
+  // against the loop waiting in real time, it asserts no duration.
+  CHECK(std::chrono::steady_clock::now() - wall0 < 1min);
+}
+
+TEST_CASE("now() of an executor is virtual under the virtual loop", "[time]") {
+  virtual_loop loop;
+  auto t = loop.run([]() -> asio::awaitable<sluice::clock::time_point> {
+    co_await sluice::sleep(42s);
+    co_return sluice::now(co_await asio::this_coro::executor);
+  });
+  CHECK(t.time_since_epoch() == 42s);
+}
+
+TEST_CASE("timers with the same deadline fire in the order they were set", "[time]") {
+  virtual_loop loop;
+  std::vector<int> order;
+  for (int i = 0; i < 5; ++i) {
+    asio::co_spawn(loop.get_executor(), [&order, i]() -> asio::awaitable<void> {
+      co_await sluice::sleep(1s);
+      order.push_back(i);
+    }, [](std::exception_ptr) {});
+  }
+  loop.run_for(1s);
+  CHECK(order == std::vector<int>{0, 1, 2, 3, 4});
+}
+
+TEST_CASE("cancelling a sleep ends it at once with operation_aborted", "[time]") {
+  virtual_loop loop;
+  asio::cancellation_signal cancel;
+  std::exception_ptr error;
+  bool done = false;
+  asio::co_spawn(loop.get_executor(), sluice::sleep(10s),
+                 asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e) {
+                   error = e;
+                   done = true;
+                 }));
+  loop.run_for(2s);
+  REQUIRE_FALSE(done);
+  cancel.emit(asio::cancellation_type::terminal);
+  cancel.emit(asio::cancellation_type::terminal);  // a second request is harmless
+  loop.poll();
+  REQUIRE(done);
+  CHECK(loop.now() == 2s);
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::system_error& e) {
+    CHECK(e.code() == asio::error::operation_aborted);
+  }
+}
+
+TEST_CASE("a blocked main coroutine is reported as a deadlock instead of hanging", "[time]") {
+  virtual_loop loop;
+  asio::steady_timer never(loop.get_executor());  // real-time timer: invisible to virtual time
+  never.expires_at(asio::steady_timer::time_point::max());
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> { co_await never.async_wait(asio::use_awaitable); }),
+                  sluice::testing::deadlock_error);
+  never.cancel();
+}
+
+TEST_CASE("the same program gives the same timeline on every run", "[time]") {
+  auto trace = [] {
+    virtual_loop loop;
+    std::vector<std::chrono::nanoseconds> t;
+    for (int i = 0; i < 4; ++i) {
+      asio::co_spawn(loop.get_executor(), [&, i]() -> asio::awaitable<void> {
+        for (int k = 0; k < 3; ++k) {
+          co_await sluice::sleep(std::chrono::milliseconds(10 * (i + 1) + k));
+          t.push_back(loop.now());
+        }
+      }, [](std::exception_ptr) {});
+    }
+    loop.run_for(1s);
+    return t;
+  };
+  auto a = trace();
+  CHECK(a.size() == 12);
+  CHECK(a == trace());
+}
+
+TEST_CASE("sleep waits on the steady clock on an ordinary io_context", "[time]") {
+  asio::io_context ctx;
+  bool done = false;
+  asio::co_spawn(ctx, sluice::sleep(1ms), [&](std::exception_ptr e) { done = !e; });
+  ctx.run();
+  CHECK(done);
+}
