@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_DETAIL_WAITER_LIST_HPP
+#define SLUICE_DETAIL_WAITER_LIST_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/completion.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/error.hpp>
+#include <asio/post.hpp>
+#include <asio/recycling_allocator.hpp>
+
+#include <cstddef>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace sluice::detail {
+
+class waiter_list;
+
+// A pending wait, embedded in its operation object. Invariant: `owner` is the
+// list the node is linked into, or null when it is not linked.
+struct waiter_node {
+  waiter_node* prev = nullptr;
+  waiter_node* next = nullptr;
+  waiter_list* owner = nullptr;
+};
+
+// Intrusive FIFO of waiter nodes: O(1) push_back, pop_front and erase; no
+// allocation. Tracks its high-water mark for diagnostics.
+class waiter_list {
+ public:
+  waiter_list() = default;
+  waiter_list(const waiter_list&) = delete;
+  waiter_list& operator=(const waiter_list&) = delete;
+
+  [[nodiscard]] bool empty() const noexcept { return head_ == nullptr; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t max_size() const noexcept { return max_size_; }
+  [[nodiscard]] waiter_node* front() const noexcept { return head_; }
+
+  void push_back(waiter_node* n) noexcept {
+    n->owner = this;
+    n->next = nullptr;
+    n->prev = tail_;
+    if (tail_ != nullptr) {
+      tail_->next = n;
+    } else {
+      head_ = n;
+    }
+    tail_ = n;
+    if (++size_ > max_size_) max_size_ = size_;
+  }
+
+  waiter_node* pop_front() noexcept {
+    waiter_node* n = head_;
+    if (n != nullptr) erase(n);
+    return n;
+  }
+
+  // Precondition: n->owner == this.
+  void erase(waiter_node* n) noexcept {
+    if (n->prev != nullptr) {
+      n->prev->next = n->next;
+    } else {
+      head_ = n->next;
+    }
+    if (n->next != nullptr) {
+      n->next->prev = n->prev;
+    } else {
+      tail_ = n->prev;
+    }
+    n->prev = n->next = nullptr;
+    n->owner = nullptr;
+    --size_;
+  }
+
+ private:
+  waiter_node* head_ = nullptr;
+  waiter_node* tail_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t max_size_ = 0;
+};
+
+// A waiting operation whose completion starts with an error code; payloads
+// (a queue item) live in derived node types. complete() unlinks nothing: the
+// caller has already removed the node from its list. It posts the handler and
+// destroys the operation.
+struct wait_op : waiter_node {
+  void (*complete_fn)(wait_op*, std::error_code) = nullptr;
+  void complete(std::error_code ec) { complete_fn(this, ec); }
+};
+
+// Delivery policy: what follows the error code in the completion.
+struct deliver_nothing {
+  template <class Node>
+  std::tuple<> operator()(Node&, std::error_code) const noexcept {
+    return {};
+  }
+};
+
+struct no_executor {};
+
+// True if the handler carries an executor of its own (a coroutine handler, a
+// handler bound with asio::bind_executor, use_future's handler).
+template <class Handler>
+inline constexpr bool has_own_executor =
+    !std::is_same_v<typename asio::associated_executor<Handler, no_executor>::type, no_executor>;
+
+// Throws if a handler has nowhere to run. `what` names the operation.
+template <class Handler>
+void require_executor(const asio::any_io_executor& fallback, const char* what) {
+  if constexpr (!has_own_executor<Handler>) {
+    if (!fallback) {
+      throw std::invalid_argument(
+          std::string(what) +
+          ": the completion handler has no associated executor and the primitive was "
+          "constructed without one; construct the primitive with an executor or bind "
+          "one to the handler with asio::bind_executor");
+    }
+  }
+}
+
+// The operation object of one wait: the node, the handler, and (only when the
+// handler has no executor of its own) the primitive's executor to run it on.
+// Allocated with Asio's recycling allocator.
+template <class Handler, class Node, class Deliver>
+class handler_op final : public Node {
+  struct empty_executor {};
+  using fallback_type =
+      std::conditional_t<has_own_executor<Handler>, empty_executor, asio::any_io_executor>;
+
+ public:
+  template <class H, class... NodeArgs>
+  static handler_op* create(H&& h, const asio::any_io_executor& fallback, NodeArgs&&... args) {
+    asio::recycling_allocator<handler_op> alloc;
+    handler_op* p = alloc.allocate(1);
+    try {
+      return ::new (static_cast<void*>(p))
+          handler_op(std::forward<H>(h), fallback, std::forward<NodeArgs>(args)...);
+    } catch (...) {
+      alloc.deallocate(p, 1);
+      throw;
+    }
+  }
+
+  // Installs the cancellation handler if the handler has a connected slot.
+  void arm_cancellation() {
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) slot.template emplace<cancel_handler>(this);
+  }
+
+  // Destroys a pending, unlinked operation without running its handler.
+  static void discard(handler_op* op) noexcept {
+    auto slot = asio::get_associated_cancellation_slot(op->handler_);
+    if (slot.is_connected()) slot.clear();
+    destroy(op);
+  }
+
+ private:
+  template <class H, class... NodeArgs>
+  handler_op(H&& h, const asio::any_io_executor& fallback, NodeArgs&&... args)
+      : Node(std::forward<NodeArgs>(args)...), handler_(std::forward<H>(h)) {
+    if constexpr (!has_own_executor<Handler>) fallback_ = fallback;
+    this->complete_fn = &do_complete;
+  }
+
+  asio::any_io_executor fallback() const {
+    if constexpr (has_own_executor<Handler>) {
+      return {};
+    } else {
+      return fallback_;
+    }
+  }
+
+  static void destroy(handler_op* op) noexcept {
+    op->~handler_op();
+    asio::recycling_allocator<handler_op>().deallocate(op, 1);
+  }
+
+  static void do_complete(wait_op* base, std::error_code ec) {
+    auto* op = static_cast<handler_op*>(base);
+    // Clear the slot first: the cancellation handler points at this op.
+    auto slot = asio::get_associated_cancellation_slot(op->handler_);
+    if (slot.is_connected()) slot.clear();
+    auto args = Deliver{}(static_cast<Node&>(*op), ec);
+    Handler h(std::move(op->handler_));
+    auto ex = op->fallback();
+    destroy(op);
+    std::apply(
+        [&](auto&&... a) {
+          post_completion(std::move(h), ex, ec, std::forward<decltype(a)>(a)...);
+        },
+        std::move(args));
+  }
+
+  // Owns an aborted operation until its completion runs (or the loop drops it).
+  struct aborter {
+    handler_op* op;
+    explicit aborter(handler_op* o) noexcept : op(o) {}
+    aborter(aborter&& other) noexcept : op(std::exchange(other.op, nullptr)) {}
+    aborter& operator=(aborter&&) = delete;
+    ~aborter() {
+      if (op != nullptr) discard(op);
+    }
+    void operator()() { std::exchange(op, nullptr)->complete(asio::error::operation_aborted); }
+  };
+
+  // Runs from the handler's cancellation slot. It may neither clear that slot
+  // nor destroy the op inline, so it unlinks the waiter (after which nothing
+  // can grant it) and completes it from a post.
+  struct cancel_handler {
+    explicit cancel_handler(handler_op* o) noexcept : op(o) {}
+    handler_op* op;
+    void operator()(asio::cancellation_type_t type) const {
+      if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
+                   asio::cancellation_type::total)) == asio::cancellation_type::none)
+        return;
+      if (op->owner == nullptr) return;  // already granted or already cancelled
+      op->owner->erase(op);
+      auto ex = asio::get_associated_executor(op->handler_, op->fallback());
+      asio::post(ex, aborter(op));
+    }
+  };
+
+  Handler handler_;
+  [[no_unique_address]] fallback_type fallback_{};
+};
+
+// Completes every waiter in `list` with operation_aborted (a primitive is
+// being destroyed).
+inline void abort_all(waiter_list& list) {
+  while (waiter_node* n = list.pop_front()) {
+    static_cast<wait_op*>(n)->complete(asio::error::operation_aborted);
+  }
+}
+
+// Starts one wait on `list`, or completes it at once (through a post) if
+// `ready` is true. `what` names the operation for the executor error.
+template <class Node, class Deliver, class Handler, class... NodeArgs>
+void start_wait(Handler&& handler, const asio::any_io_executor& fallback, const char* what,
+                waiter_list& list, bool ready, bool cancellable, NodeArgs&&... args) {
+  using op_type = handler_op<std::decay_t<Handler>, Node, Deliver>;
+  require_executor<std::decay_t<Handler>>(fallback, what);
+  op_type* op =
+      op_type::create(std::forward<Handler>(handler), fallback, std::forward<NodeArgs>(args)...);
+  if (ready) {
+    op->complete(std::error_code{});
+    return;
+  }
+  list.push_back(op);
+  if (cancellable) op->arm_cancellation();
+}
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_WAITER_LIST_HPP

@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_SEMAPHORE_HPP
+#define SLUICE_SEMAPHORE_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/permit_core.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/execution/executor.hpp>
+#include <asio/is_executor.hpp>
+
+#include <cstddef>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+namespace sluice {
+
+/// A loop-affine counting semaphore for coroutines: caps how many holders run
+/// at once, with FIFO hand-off and cancellation that never loses a permit.
+///
+/// `release()` hands its permit straight to the oldest waiter (no barging):
+/// `try_acquire()` fails while anyone waits, and a holder that releases and
+/// acquires again queues behind the current waiters. A plain semaphore may be
+/// released above its initial value; `bounded_semaphore` throws instead.
+///
+/// What resumes where: an uncontended `acquire()` does not suspend and costs
+/// about one nested `co_await`. A waiter is never resumed inside `release()`:
+/// its completion is posted to the handler's associated executor (a
+/// coroutine's own executor); a handler without one (a bare lambda) runs on
+/// the semaphore's executor, and giving one to a semaphore constructed without
+/// an executor throws `std::invalid_argument`. `use_future` futures are made
+/// ready from Asio's system executor.
+///
+/// Per-Operation Cancellation: `async_acquire` supports terminal, partial and
+/// total cancellation through the handler's cancellation slot (a coroutine's
+/// own cancellation state). Cancellation is atomic: a waiter is either removed
+/// (it completes with `asio::error::operation_aborted` and holds nothing) or
+/// was already granted (it completes successfully and holds the permit). The
+/// awaitable `acquire()` / `scoped_acquire()` go one step further: if the
+/// coroutine was cancelled after the grant but before it resumed, the permit is
+/// handed on and `operation_aborted` is thrown, so racing them against a
+/// timeout (`awaitable_operators ||`) never loses a permit.
+///
+/// Destroying a semaphore that still has waiters completes them with
+/// `operation_aborted`. Outstanding permits must not outlive it. Loop-affine,
+/// not thread-safe: see `SLUICE_AFFINITY_CHECKS` for what debug builds check.
+///
+/// @code
+/// sluice::semaphore sem{5};                 // at most 5 calls in flight
+/// auto fetch_one = [&](std::string url) -> asio::awaitable<std::string> {
+///   auto permit = co_await sem.scoped_acquire();   // released at scope exit
+///   co_return co_await http_get(url);
+/// };
+/// metrics.gauge("free", sem.value()); metrics.gauge("waiting", sem.waiters());
+/// @endcode
+class semaphore {
+ public:
+  /// Move-only ownership of one permit: releases it on destruction.
+  class permit {
+   public:
+    /// An empty permit that owns nothing.
+    permit() noexcept = default;
+    permit(permit&& other) noexcept : sem_(std::exchange(other.sem_, nullptr)) {}
+    permit& operator=(permit&& other) noexcept {
+      if (this != &other) {
+        reset();
+        sem_ = std::exchange(other.sem_, nullptr);
+      }
+      return *this;
+    }
+    ~permit() { reset(); }
+
+    /// True while it owns a permit.
+    explicit operator bool() const noexcept { return sem_ != nullptr; }
+
+    /// Releases the permit now (no-op when empty).
+    void reset() noexcept {
+      if (auto* s = std::exchange(sem_, nullptr)) s->core_.release("");
+    }
+
+   private:
+    friend class semaphore;
+    explicit permit(semaphore& s) noexcept : sem_(&s) {}
+    semaphore* sem_ = nullptr;
+  };
+
+  /// A semaphore with `initial` permits and no executor: handlers that have no
+  /// executor of their own are rejected.
+  explicit semaphore(std::size_t initial = 1)
+      : semaphore("sluice::semaphore", initial, false, asio::any_io_executor{}) {}
+
+  /// A semaphore with `initial` permits whose executor runs handlers that have
+  /// no executor of their own.
+  template <class Executor>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      semaphore(const Executor& ex, std::size_t initial = 1)
+      : semaphore("sluice::semaphore", initial, false, asio::any_io_executor(ex)) {}
+
+  semaphore(const semaphore&) = delete;
+  semaphore& operator=(const semaphore&) = delete;
+
+  /// Waits for a permit. Completion signature `void(std::error_code)`; the
+  /// error is `asio::error::operation_aborted` if cancelled or if the semaphore
+  /// is destroyed first. Completes through a post even when a permit is free.
+  template <asio::completion_token_for<void(std::error_code)> CompletionToken>
+  auto async_acquire(CompletionToken&& token) {
+    return core_.async_acquire(std::forward<CompletionToken>(token));
+  }
+
+  /// Waits for a permit; does not suspend when one is free and nobody waits.
+  /// Throws `std::system_error(operation_aborted)` when cancelled (holding
+  /// nothing).
+  [[nodiscard]] asio::awaitable<void> acquire() { return core_.acquire(); }
+
+  /// As `acquire()`, returning a `permit` that releases on destruction.
+  [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
+    co_await core_.acquire();
+    co_return permit(*this);
+  }
+
+  /// Takes a permit if one is free and nobody waits; never suspends.
+  [[nodiscard]] bool try_acquire() { return core_.try_acquire(); }
+
+  /// Returns a permit: to the oldest waiter if any (resumed through a post),
+  /// otherwise to the pool. `bounded_semaphore` throws `std::logic_error`
+  /// instead of exceeding its initial value.
+  void release() {
+    core_.release(
+        "sluice::bounded_semaphore::release: released more often than acquired (the value "
+        "would exceed its initial value)");
+  }
+
+  /// Free permits now.
+  [[nodiscard]] std::size_t value() const noexcept { return core_.value(); }
+  /// Operations waiting for a permit now.
+  [[nodiscard]] std::size_t waiters() const noexcept { return core_.waiters(); }
+  /// The most operations that ever waited at once (high-water mark).
+  [[nodiscard]] std::size_t max_waiters() const noexcept { return core_.max_waiters(); }
+  /// True when no permit is free or anyone waits: an `acquire()` would suspend.
+  [[nodiscard]] bool locked() const noexcept { return core_.locked(); }
+
+ protected:
+  semaphore(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex)
+      : core_(name, initial, bounded, std::move(ex)) {}
+
+ private:
+  detail::permit_core core_;
+};
+
+/// A `semaphore` that refuses to grow: `release()` beyond the initial value
+/// throws `std::logic_error` (Python's `BoundedSemaphore`). Prefer it whenever
+/// you call `acquire()` / `release()` by hand; a drifting count then fails
+/// loudly at the offending call instead of silently raising the cap.
+///
+/// @code
+/// sluice::bounded_semaphore sem{ex, 2};
+/// co_await sem.acquire();
+/// sem.release();
+/// sem.release();   // throws std::logic_error: more releases than acquires
+/// @endcode
+class bounded_semaphore : public semaphore {
+ public:
+  /// A bounded semaphore with `initial` permits and no executor.
+  explicit bounded_semaphore(std::size_t initial = 1)
+      : semaphore("sluice::bounded_semaphore", initial, true, asio::any_io_executor{}) {}
+
+  /// A bounded semaphore with `initial` permits and an executor for handlers
+  /// that have none.
+  template <class Executor>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      bounded_semaphore(const Executor& ex, std::size_t initial = 1)
+      : semaphore("sluice::bounded_semaphore", initial, true, asio::any_io_executor(ex)) {}
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_SEMAPHORE_HPP
