@@ -9,6 +9,7 @@ JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ASAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 
 .PHONY: deps demo test test-gcc test-clang asan bench clean
@@ -43,8 +44,7 @@ test-clang:
 	cd build/clang && $(CTEST)
 
 asan: deps
-	$(call configure,asan,clang++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_SKIP_PACKAGING_TESTS=ON \
-	  "-DCMAKE_CXX_FLAGS=-O1 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer")
+	$(call configure,asan,clang++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_SKIP_PACKAGING_TESTS=ON "-DCMAKE_CXX_FLAGS=$(ASAN_FLAGS)")
 	cmake --build build/asan -j$(JOBS)
 	cd build/asan && ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 UBSAN_OPTIONS=print_stacktrace=1 $(CTEST)
 
