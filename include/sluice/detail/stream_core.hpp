@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_DETAIL_STREAM_CORE_HPP
+#define SLUICE_DETAIL_STREAM_CORE_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/child_set.hpp>
+#include <sluice/detail/completion.hpp>
+
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/error.hpp>
+#include <asio/post.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+namespace sluice::detail {
+
+// The shared state of one sluice::stream: the bookkeeping that the consumer
+// (next/close/the destructor) and the workers (see map_unordered.hpp) share.
+// Held by shared_ptr: by the stream, by each running worker and by a waiting
+// next(), so nothing dangles when the stream goes away first.
+//
+// Slots: used_ counts inputs taken and not yet given back: tasks being pulled
+// or running, finished results in buffer_, and the result the consumer holds
+// (held_) until it calls next() again. A worker takes a slot before it pulls;
+// used_ <= limit_ always, which is the stream's backpressure.
+//
+// Workers: at most limit_ are ever spawned (spawned_); live_ of them have not
+// left their loop yet. A worker that finds no slot (or another worker pulling
+// an async source: pulling_) parks in parked_. kick() wakes or spawns one
+// worker when a slot is free and nobody is on the way to take it (waking_ == 0);
+// the woken worker kicks again after its pull, so free slots fill in a chain of
+// posts and a worker that runs short tasks inline fills them all by itself.
+//
+// Ending: the stream is finished once no input will be pulled any more
+// (exhausted_ or stopping_) and every worker has left its loop (live_ == 0).
+// error_ is the first failure (a task's or the input's), never the aftermath of
+// a stop; next() rethrows it once the buffer is drained and the stream finished.
+template <class T, class Executor>
+class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>> {
+ public:
+  using value_type = T;
+  using executor_type = Executor;
+
+  explicit stream_core(std::size_t limit)
+      : limit_(limit), children_(std::make_shared<child_set>()) {}
+  stream_core(const stream_core&) = delete;
+  stream_core& operator=(const stream_core&) = delete;
+  virtual ~stream_core() = default;
+
+  [[nodiscard]] std::size_t running() const noexcept { return running_; }
+  [[nodiscard]] std::size_t ready() const noexcept { return buffer_.size(); }
+
+  // ---- consumer side -------------------------------------------------------
+
+  static asio::awaitable<std::optional<T>, Executor> next(std::shared_ptr<stream_core> c) {
+    if (c->consumer_)
+      throw std::logic_error(
+          "sluice::stream::next: another next() is still waiting; a stream has one consumer");
+    c->release_held();
+    if (!c->started_ && !c->stopping_) {
+      c->ex_.emplace(co_await asio::this_coro::executor);
+      c->started_ = true;
+      c->spawn();
+    }
+    for (;;) {
+      if (!c->buffer_.empty()) {
+        std::optional<T> out(std::move(c->buffer_.front()));
+        c->buffer_.pop_front();
+        if (!c->stopping_) c->held_ = true;
+        co_return out;
+      }
+      if (c->finished()) break;
+      std::error_code ec;
+      co_await c->async_wait(asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
+      if (ec) throw std::system_error(ec, "sluice::stream::next");
+    }
+    if (auto e = std::exchange(c->error_, nullptr)) std::rethrow_exception(e);
+    co_return std::nullopt;
+  }
+
+  static asio::awaitable<void, Executor> close(std::shared_ptr<stream_core> c) {
+    c->abandon();
+    auto ex = co_await asio::this_coro::executor;
+    std::error_code ec;
+    co_await c->children_->async_join(ex,
+                                      asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
+    if (ec) throw std::system_error(ec, "sluice::stream::close");
+    co_await c->close_input();
+  }
+
+  // Stops without waiting: no more input, running tasks cancelled, unread
+  // results dropped (and a failure not yet reported too, unless keep_error:
+  // a cancelled consumer still gets it from a later next()). The destructor
+  // of a stream and close() call it.
+  void abandon(bool keep_error = false) {
+    stop();
+    buffer_.clear();
+    held_ = false;
+    if (!keep_error) error_ = nullptr;
+  }
+
+ protected:
+  // Starts one more worker on ex_ (it must call worker_started() first).
+  virtual void spawn_worker() = 0;
+  // Closes an owned async source that has close(); nothing otherwise.
+  virtual asio::awaitable<void, Executor> close_input() { co_return; }
+
+  // ---- worker side ---------------------------------------------------------
+
+  void worker_started() { --waking_; }
+
+  // True if this worker may take a slot and pull now; otherwise it parks.
+  [[nodiscard]] bool may_pull() const noexcept { return used_ < limit_ && !pulling_; }
+  [[nodiscard]] bool ending() const noexcept { return stopping_ || exhausted_; }
+
+  // Waits until kick() or a stop wakes this worker. No cancellation handler:
+  // every stop wakes all parked workers itself.
+  auto park() {
+    return asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
+        [this](auto handler) { parked_.emplace_back(std::move(handler), *ex_); },
+        asio::use_awaitable_t<Executor>{});
+  }
+  void unparked() { --waking_; }
+
+  void take_slot() { ++used_; }
+  // kick = false when the caller is about to stop or end the stream anyway.
+  void give_back_slot(bool kick_next = true) {
+    --used_;
+    if (kick_next) kick();
+  }
+  void begin_pull() { pulling_ = true; }
+  void end_pull() { pulling_ = false; }
+  void input_exhausted() {
+    exhausted_ = true;
+    kick();
+  }
+  void task_started() { ++running_; }
+  void task_ended() { --running_; }
+
+  // A finished task's result (the slot stays taken until the consumer moves on).
+  template <class... A>
+  void deliver(A&&... a) {
+    if (stopping_) {
+      give_back_slot();
+      return;
+    }
+    buffer_.emplace_back(std::forward<A>(a)...);
+    notify_consumer();
+  }
+
+  // The first failure: fail fast (cancel = true) stops everything, cancelling
+  // the running tasks but `self`; settling (cancel = false) only stops pulling.
+  void fail(std::exception_ptr e, std::size_t self, bool cancel) {
+    if (stopping_ || (exhausted_ && error_)) return;
+    error_ = std::move(e);
+    if (cancel) {
+      stop(self);
+    } else {
+      input_exhausted();
+    }
+    notify_consumer();
+  }
+
+  // Sends one worker to a free slot if nobody is on the way to it already.
+  void kick() {
+    if (ending()) {
+      wake_all();
+      return;
+    }
+    if (!started_ || !may_pull() || waking_ != 0) return;
+    if (!parked_.empty()) {
+      ++waking_;
+      auto h = std::move(parked_.front());
+      parked_.pop_front();
+      h.complete();
+    } else if (spawned_ < limit_) {
+      spawn();
+    }
+  }
+
+  void worker_left() {
+    --live_;
+    notify_consumer();
+  }
+
+  std::shared_ptr<child_set>& children() noexcept { return children_; }
+  const Executor& executor() const noexcept { return *ex_; }
+
+ private:
+  void spawn() {
+    ++spawned_;
+    ++waking_;
+    ++live_;
+    spawn_worker();
+  }
+
+  bool finished() const noexcept { return ending() && live_ == 0; }
+
+  void release_held() {
+    if (!held_) return;
+    held_ = false;
+    give_back_slot();
+  }
+
+  void wake_all() {
+    while (!parked_.empty()) {
+      ++waking_;
+      auto h = std::move(parked_.front());
+      parked_.pop_front();
+      h.complete();
+    }
+  }
+
+  void stop(std::size_t except = child_set::none) {
+    stopping_ = true;
+    children_->cancel_all(except);
+    wake_all();
+  }
+
+  // The waiter inside next(): completes when a result is buffered or the
+  // stream finished; a cancelled consumer stops the stream and completes with
+  // operation_aborted once every worker has left.
+  template <class Token>
+  auto async_wait(Token&& token) {
+    return asio::async_initiate<Token, void(std::error_code)>(
+        [this](auto handler) {
+          auto slot = asio::get_associated_cancellation_slot(handler);
+          if (slot.is_connected()) {
+            slot.assign([this](asio::cancellation_type type) {
+              if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
+                           asio::cancellation_type::total)) == asio::cancellation_type::none)
+                return;
+              if (consumer_cancelled_) return;
+              consumer_cancelled_ = true;
+              abandon(true);
+              // Never complete from inside the slot's own handler.
+              asio::post(*ex_, [self = this->shared_from_this()] { self->notify_consumer(); });
+            });
+          }
+          consumer_ = erased_handler<std::error_code>(std::move(handler), *ex_);
+        },
+        token);
+  }
+
+  void notify_consumer() {
+    if (!consumer_) return;
+    if (consumer_cancelled_) {
+      if (live_ != 0) return;
+      consumer_cancelled_ = false;
+      consumer_.complete(asio::error::operation_aborted);
+    } else if (!buffer_.empty() || finished()) {
+      consumer_.complete(std::error_code());
+    }
+  }
+
+  const std::size_t limit_;
+  std::shared_ptr<child_set> children_;
+  std::optional<Executor> ex_;
+  std::deque<T> buffer_;
+  std::deque<erased_handler<>> parked_;
+  erased_handler<std::error_code> consumer_;
+  std::exception_ptr error_;
+  std::size_t used_ = 0;
+  std::size_t running_ = 0;
+  std::size_t spawned_ = 0;
+  std::size_t live_ = 0;
+  std::size_t waking_ = 0;
+  bool started_ = false;
+  bool held_ = false;
+  bool pulling_ = false;
+  bool exhausted_ = false;
+  bool stopping_ = false;
+  bool consumer_cancelled_ = false;
+};
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_STREAM_CORE_HPP

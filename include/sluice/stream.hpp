@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_STREAM_HPP
+#define SLUICE_STREAM_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/stream_core.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+namespace sluice {
+
+template <class T, class Executor = asio::any_io_executor>
+class stream;
+
+namespace detail {
+// Lets the fan-out functions make a stream from its shared state.
+struct stream_access {
+  template <class T, class Executor>
+  static stream<T, Executor> make(std::shared_ptr<stream_core<T, Executor>> core) {
+    return stream<T, Executor>(std::move(core));
+  }
+};
+}  // namespace detail
+
+/// The results of a running fan-out (`sluice::map_unordered`,
+/// `sluice::as_completed`), read one at a time, in completion order.
+///
+/// A stream is lazy and bounded: nothing starts before the first `next()`,
+/// and at most `limit` inputs are taken and not yet given back, counting tasks
+/// that run and results that finished but were not read yet; a result the
+/// consumer got from `next()` holds its slot until the consumer calls `next()`
+/// again. Tasks keep running while the consumer is busy, but no new input is
+/// pulled until it reads. It is itself an asynchronous source, so stages chain.
+///
+/// Move-only; one consumer at a time. Loop-affine: use it from the thread (or
+/// strand) that runs its consumer; its tasks run on the executor of the
+/// coroutine that first calls `next()`.
+///
+/// Lifetimes: the stream's state is shared with its running tasks, so
+/// destroying the stream early is safe. The destructor does not wait: it
+/// requests cancellation of the running tasks (terminal), drops unread results
+/// and returns; the tasks wind down on the loop. `co_await close()` does the
+/// same and returns once they have finished.
+///
+/// @code
+/// sluice::stream<page> pages = sluice::map_unordered(fetch, urls, 8);
+/// while (std::optional<page> p = co_await pages.next())
+///   index(*p);  // in completion order; at most 8 fetches in flight
+/// @endcode
+template <class T, class Executor>
+class stream {
+  static_assert(!std::is_reference_v<T> && !std::is_void_v<T>,
+                "sluice::stream<T>: T must be an object type (void tasks yield std::monostate)");
+
+ public:
+  using value_type = T;
+  using executor_type = Executor;
+
+  /// An empty stream: `next()` yields nothing.
+  stream() noexcept = default;
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  /// The moved-from stream is empty.
+  stream(stream&& other) noexcept : core_(std::move(other.core_)) {}
+  /// Abandons this stream's own fan-out (as the destructor does), then takes
+  /// over `other`'s.
+  stream& operator=(stream&& other) noexcept {
+    if (this != &other) {
+      abandon();
+      core_ = std::move(other.core_);
+    }
+    return *this;
+  }
+  /// Requests cancellation of the running tasks and drops unread results,
+  /// without waiting (see the class comment).
+  ~stream() { abandon(); }
+
+  /// The next result, in completion order, or an empty optional once every
+  /// input was processed (or the stream was closed or has failed).
+  ///
+  /// Resumes on the awaiting coroutine's executor; when a result is already
+  /// waiting it returns without suspending.
+  ///
+  /// Throws: the first failure (first in time) of a task or of the input,
+  /// once; see `sluice::map_unordered` for which results come before it.
+  /// Then `next()` yields nothing. `std::logic_error` if another `next()` on
+  /// this stream is still waiting.
+  ///
+  /// Per-Operation Cancellation: terminal cancellation of the awaiting
+  /// coroutine while it waits closes the stream: the running tasks are
+  /// cancelled, `next()` waits until all of them have finished and then throws
+  /// `std::system_error` with `asio::error::operation_aborted`. Later calls
+  /// yield nothing (or a task's failure that came first).
+  ///
+  /// Lifetimes: the awaited call keeps the stream's state alive by itself.
+  [[nodiscard]] asio::awaitable<std::optional<T>, Executor> next() {
+    if (!core_) return empty_next();
+    return core_type::next(core_);
+  }
+
+  /// Stops the stream and waits: no more input is pulled, running tasks are
+  /// cancelled (terminal), unread results and a failure not yet reported are
+  /// dropped, and the call returns once every task has finished. An owned
+  /// asynchronous source that has `close()` is closed too. Afterwards `next()`
+  /// yields nothing.
+  ///
+  /// Per-Operation Cancellation: cancelling the caller still cancels every
+  /// task, still waits for them, then throws `operation_aborted`.
+  [[nodiscard]] asio::awaitable<void, Executor> close() {
+    if (!core_) return empty_close();
+    return core_type::close(core_);
+  }
+
+  /// Tasks running now (diagnostics).
+  [[nodiscard]] std::size_t running() const noexcept { return core_ ? core_->running() : 0; }
+  /// Results finished and not read yet (diagnostics).
+  [[nodiscard]] std::size_t ready() const noexcept { return core_ ? core_->ready() : 0; }
+
+ private:
+  friend struct detail::stream_access;
+  using core_type = detail::stream_core<T, Executor>;
+
+  explicit stream(std::shared_ptr<core_type> core) noexcept : core_(std::move(core)) {}
+
+  void abandon() noexcept {
+    if (core_) std::exchange(core_, nullptr)->abandon();
+  }
+  static asio::awaitable<std::optional<T>, Executor> empty_next() { co_return std::nullopt; }
+  static asio::awaitable<void, Executor> empty_close() { co_return; }
+
+  std::shared_ptr<core_type> core_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_STREAM_HPP

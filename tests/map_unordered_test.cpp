@@ -1,0 +1,686 @@
+// SPDX-License-Identifier: BSL-1.0
+#include <sluice/map_unordered.hpp>
+#include <sluice/testing/slow_service.hpp>
+#include <sluice/testing/virtual_time.hpp>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+
+#include <catch2/catch.hpp>
+#include <support/recorded_input.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <variant>
+#include <vector>
+
+using namespace std::chrono_literals;
+using sluice::testing::slow_service;
+using sluice::testing::virtual_loop;
+namespace latency = sluice::testing::latency;
+using sluice_test::recorded_input;
+using sluice_test::recorded_source;
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+namespace {
+
+// Counts tasks in flight, as the harness does, for tasks that are plain sleeps.
+struct flight {
+  std::size_t now = 0, max = 0, started = 0, finished = 0, cancelled = 0;
+};
+
+// Sleeps `d` milliseconds and returns `d`.
+asio::awaitable<int> nap(flight& f, int d) {
+  ++f.started;
+  f.max = std::max(f.max, ++f.now);
+  try {
+    co_await sluice::sleep(milliseconds(d));
+  } catch (...) {
+    --f.now;
+    ++f.cancelled;
+    throw;
+  }
+  --f.now;
+  ++f.finished;
+  co_return d;
+}
+
+// Sleeps `d` ms then throws a runtime_error naming `d` (d < 0: throws at |d|).
+asio::awaitable<int> nap_or_fail(flight& f, int d) {
+  if (d >= 0) co_return co_await nap(f, d);
+  co_await nap(f, -d);
+  throw std::runtime_error("task " + std::to_string(-d) + " failed");
+}
+
+// Whether awaiting `a` throws an E. (Never co_await inside a Catch2 macro:
+// g++ 12 evaluates a co_await in the macro's short-circuited operand too.)
+template <class E, class A>
+asio::awaitable<bool> throws(A a) {
+  try {
+    co_await std::move(a);
+  } catch (const E&) {
+    co_return true;
+  }
+  co_return false;
+}
+
+// One result and when the consumer got it.
+struct got {
+  int value;
+  nanoseconds at;
+  bool operator==(const got&) const = default;
+};
+
+template <class Stream>
+asio::awaitable<std::vector<got>> drain(virtual_loop& loop, Stream& s) {
+  std::vector<got> out;
+  while (auto r = co_await s.next()) out.push_back({*r, loop.now()});
+  co_return out;
+}
+
+// A task for a slow_service call keyed by its input, returning the input.
+asio::awaitable<int> call(slow_service& svc, int i, std::string op = {}) {
+  co_await svc.call(std::to_string(i), std::move(op));
+  co_return i;
+}
+
+}  // namespace
+
+// ---- 1. completion order -------------------------------------------------
+
+TEST_CASE("results are yielded in completion order without head-of-line blocking",
+          "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  auto r = loop.run([&]() -> asio::awaitable<std::vector<got>> {
+    auto s =
+        sluice::map_unordered([&](int d) { return nap(f, d); }, std::vector{100, 200, 200, 100}, 2);
+    co_return co_await drain(loop, s);
+  });
+  CHECK(r == std::vector<got>{{100, 100ms}, {200, 200ms}, {200, 300ms}, {100, 300ms}});
+  CHECK(loop.now() == 300ms);
+  CHECK(f.max == 2);
+}
+
+TEST_CASE("limit 2 over .1 .2 .3 .3 .2 .1 is done at 0.6 s", "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  auto r = loop.run([&]() -> asio::awaitable<std::vector<got>> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); },
+                                   std::vector{100, 200, 300, 300, 200, 100}, 2);
+    co_return co_await drain(loop, s);
+  });
+  CHECK(r ==
+        std::vector<got>{
+            {100, 100ms}, {200, 200ms}, {300, 400ms}, {300, 500ms}, {200, 600ms}, {100, 600ms}});
+  CHECK(loop.now() == 600ms);
+  CHECK(f.max == 2);
+}
+
+// ---- 2. laziness ---------------------------------------------------------
+
+TEST_CASE("a stream starts nothing before its first next()", "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  recorded_input<int> in({100, 100, 100});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, in, 2);
+    co_await sluice::sleep(1s);
+    CHECK(in.pulled() == 0);
+    CHECK(f.started == 0);
+    auto first = co_await s.next();
+    CHECK(first == 100);
+    CHECK(loop.now() == 1100ms);
+  });
+}
+
+TEST_CASE(
+    "the input is advanced only when a slot is free, and its end is seen after the first results",
+    "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  std::vector<std::string> log;
+  auto stamp = [&](const std::string& what) {
+    log.push_back(
+        what + " @" +
+        std::to_string(milliseconds(std::chrono::duration_cast<milliseconds>(loop.now())).count()));
+  };
+  recorded_input<int> in({100, 200, 200, 100});
+  in.on_pull([&](std::size_t i) { stamp("pull " + std::to_string(i)); });
+  in.on_end([&] { stamp("iter end"); });
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, in, 2);
+    while (auto r = co_await s.next()) stamp("result " + std::to_string(*r));
+    stamp("done");
+  });
+  CHECK(log == std::vector<std::string>{"pull 0 @0", "pull 1 @0", "result 100 @100", "pull 2 @100",
+                                        "result 200 @200", "pull 3 @200", "result 200 @300",
+                                        "result 100 @300", "iter end @300", "done @300"});
+}
+
+// ---- 3, 4. backpressure --------------------------------------------------
+
+TEST_CASE("with a slow consumer, running plus unread tasks never exceed the limit",
+          "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(10ms)});
+  recorded_input<int> in([] {
+    std::vector<int> v(20);
+    for (int i = 0; i < 20; ++i) v[static_cast<std::size_t>(i)] = i;
+    return v;
+  }());
+  std::size_t read = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, in, 3);
+    while (auto r = co_await s.next()) {
+      ++read;
+      // The result in hand holds a slot until the next call: pulled - (read - 1) <= 3.
+      CHECK(s.running() + s.ready() + 1 <= 3);
+      CHECK(in.pulled() <= read - 1 + 3);
+      co_await sluice::sleep(1s);  // a slow consumer: the freed slot was refilled, no more
+      CHECK(in.pulled() == std::min<std::size_t>(20, read - 1 + 3));
+    }
+  });
+  CHECK(read == 20);
+  CHECK(svc.max_in_flight() == 3);
+  CHECK(loop.now() == 20s + 10ms);
+}
+
+TEST_CASE("with limit 1 and a slow consumer, production and consumption interleave one by one",
+          "[map_unordered]") {
+  virtual_loop loop;
+  std::vector<std::string> log;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto print = [&](int i) -> asio::awaitable<int> {
+      log.push_back(std::to_string(i) + " (async)");
+      co_return i;
+    };
+    auto s = sluice::map_unordered(print, std::vector{0, 1, 2, 3}, 1);
+    while (co_await s.next()) {
+      co_await sluice::sleep(100ms);
+      log.push_back("got result");
+    }
+  });
+  CHECK(log == std::vector<std::string>{"0 (async)", "got result", "1 (async)", "got result",
+                                        "2 (async)", "got result", "3 (async)", "got result"});
+  CHECK(loop.now() == 400ms);
+}
+
+TEST_CASE("tasks keep running while the consumer is busy", "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(1s)});
+  std::vector<nanoseconds> at;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, std::vector{0, 1, 2, 3}, 4);
+    bool first = true;
+    while (co_await s.next()) {
+      at.push_back(loop.now());
+      if (std::exchange(first, false)) co_await sluice::sleep(1s);
+    }
+  });
+  CHECK(at == std::vector<nanoseconds>{1s, 2s, 2s, 2s});
+  for (const auto& c : svc.timeline()) CHECK(c.end == 1s);
+  CHECK(loop.now() == 2s);
+}
+
+// ---- 5. empty input, bad limit -------------------------------------------
+
+TEST_CASE("empty input yields nothing at once", "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, std::vector<int>{}, 4);
+    auto r223 = co_await s.next();
+    CHECK_FALSE(r223);
+    auto r224 = co_await s.next();
+    CHECK_FALSE(r224);
+    auto a =
+        sluice::map_unordered([&](int d) { return nap(f, d); }, recorded_source<int>({}, 0ms), 4);
+    auto r227 = co_await a.next();
+    CHECK_FALSE(r227);
+  });
+  CHECK(loop.now() == 0s);
+  CHECK(f.started == 0);
+}
+
+TEST_CASE("limit 0 throws invalid_argument before anything starts", "[map_unordered]") {
+  flight f;
+  recorded_input<int> in({1, 2});
+  auto fn = [&](int d) {
+    return nap(f, d);
+  };
+  CHECK_THROWS_AS(sluice::map_unordered(fn, in, 0), std::invalid_argument);
+  CHECK_THROWS_AS(sluice::map_unordered(fn, in, 0, sluice::return_exceptions),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(sluice::as_completed(std::vector<asio::awaitable<int>>{}, 0),
+                  std::invalid_argument);
+  CHECK(in.pulled() == 0);
+  CHECK(f.started == 0);
+}
+
+// ---- 6. fail fast --------------------------------------------------------
+
+TEST_CASE("a task's exception is rethrown after its running siblings were cancelled and finished",
+          "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  recorded_input<int> in({1000, -2000, 5000, 100, 100});
+  std::vector<got> seen;
+  std::optional<nanoseconds> threw_at;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap_or_fail(f, d); }, in, 3);
+    try {
+      while (auto r = co_await s.next()) seen.push_back({*r, loop.now()});
+    } catch (const std::runtime_error& e) {
+      threw_at = loop.now();
+      CHECK(std::string(e.what()) == "task 2000 failed");
+      CHECK(f.now == 0);  // nothing runs any more
+    }
+    auto r262 = co_await s.next();  // later calls yield nothing
+    CHECK_FALSE(r262);
+    auto r263 = co_await s.next();
+    CHECK_FALSE(r263);
+  });
+  REQUIRE(threw_at);
+  CHECK(*threw_at == 2s);
+  // 1000 finished at 1 s and freed its slot for 100 (1 s .. 1.1 s), then 100.
+  CHECK(seen == std::vector<got>{{1000, 1s}, {100, 1100ms}, {100, 1200ms}});
+  CHECK(in.pulled() == 5);
+  CHECK(f.cancelled == 1);  // 5000
+}
+
+TEST_CASE("fail fast stops pulling the input", "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  recorded_input<int> in({-100, 1000, 1000, 1000, 1000, 1000});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap_or_fail(f, d); }, in, 2);
+    const bool thrown279 = co_await throws<std::runtime_error>(s.next());
+    CHECK(thrown279);
+    CHECK(loop.now() == 100ms);
+    auto r281 = co_await s.next();
+    CHECK_FALSE(r281);
+  });
+  CHECK(in.pulled() == 2);
+  CHECK(f.cancelled == 1);
+  CHECK(f.now == 0);
+}
+
+TEST_CASE("an exception of a task cancelled after the first failure is not the one reported",
+          "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto fn = [&](int d) -> asio::awaitable<int> {
+      if (d < 0) co_return co_await nap_or_fail(f, d);
+      try {
+        co_await nap(f, d);
+      } catch (...) {
+        throw std::logic_error("cleanup failed too");
+      }
+      co_return d;
+    };
+    auto s = sluice::map_unordered(fn, std::vector{5000, -100, 5000}, 3);
+    try {
+      co_await s.next();
+      FAIL("next() should have thrown");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "task 100 failed");
+    }
+    CHECK(loop.now() == 100ms);
+    CHECK(f.cancelled == 2);
+    auto r311 = co_await s.next();
+    CHECK_FALSE(r311);
+  });
+}
+
+// ---- 7. return_exceptions ------------------------------------------------
+
+TEST_CASE("return_exceptions processes every input and yields outcomes", "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  std::vector<int> values;
+  std::vector<std::string> errors;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s =
+        sluice::map_unordered([&](int d) { return nap_or_fail(f, d); },
+                              std::vector{100, -200, 300, -50, 100}, 2, sluice::return_exceptions);
+    static_assert(std::is_same_v<decltype(s), sluice::stream<sluice::outcome<int>>>);
+    while (auto r = co_await s.next()) {
+      if (*r) {
+        values.push_back(r->value());
+      } else {
+        try {
+          std::rethrow_exception(r->error());
+        } catch (const std::runtime_error& e) {
+          errors.emplace_back(e.what());
+        }
+      }
+    }
+  });
+  CHECK(values == std::vector<int>{100, 100, 300});
+  CHECK(errors == std::vector<std::string>{"task 200 failed", "task 50 failed"});
+  CHECK(f.cancelled == 0);
+  CHECK(f.finished == 5);
+  CHECK(loop.now() == 400ms);
+}
+
+// ---- 8. the input fails --------------------------------------------------
+
+TEST_CASE("an exception from the input range cancels the running tasks and is rethrown",
+          "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  recorded_input<int> in({100, 1000, 1000, 1000});
+  in.throw_at(2);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, in, 2);
+    auto r355 = co_await s.next();
+    CHECK(r355 == 100);
+    const bool thrown356 = co_await throws<sluice_test::input_failure>(s.next());
+    CHECK(thrown356);
+    CHECK(loop.now() == 100ms);  // the 1000 ms task was cancelled, not awaited
+    CHECK(f.now == 0);
+    auto r359 = co_await s.next();
+    CHECK_FALSE(r359);
+  });
+  CHECK(f.cancelled == 1);
+  CHECK(in.pulled() == 2);
+}
+
+TEST_CASE("with return_exceptions an input exception lets running tasks finish, then is rethrown",
+          "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  recorded_input<int> in({100, 1000, 1000, 1000});
+  in.throw_at(2);
+  std::vector<got> seen;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s =
+        sluice::map_unordered([&](int d) { return nap(f, d); }, in, 2, sluice::return_exceptions);
+    try {
+      while (auto r = co_await s.next()) seen.push_back({r->value(), loop.now()});
+      FAIL("next() should have thrown");
+    } catch (const sluice_test::input_failure&) {
+      CHECK(loop.now() == 1s);
+    }
+    auto r380 = co_await s.next();
+    CHECK_FALSE(r380);
+  });
+  CHECK(seen == std::vector<got>{{100, 100ms}, {1000, 1s}});
+  CHECK(f.cancelled == 0);
+}
+
+TEST_CASE("an exception from an async source's next() is rethrown after the running tasks ended",
+          "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  recorded_source<int> src({1000, 1000, 1000}, 100ms);
+  src.throw_at(1);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, src, 3);
+    const bool thrown394 = co_await throws<sluice_test::input_failure>(s.next());
+    CHECK(thrown394);
+    CHECK(loop.now() == 200ms);
+    CHECK(f.now == 0);
+  });
+  CHECK(f.cancelled == 1);
+}
+
+// ---- 9. early exit -------------------------------------------------------
+
+TEST_CASE("destroying a stream after 3 of 1000 results leaves nothing running", "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::uniform(100ms, 900ms, 7)});
+  std::vector<int> inputs(1000);
+  for (int i = 0; i < 1000; ++i) inputs[static_cast<std::size_t>(i)] = i;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, inputs, 8);
+    int n = 0;
+    while (co_await s.next())
+      if (++n == 3) break;
+    CHECK(svc.in_flight() > 0);
+  });  // the stream is destroyed here, without waiting
+  loop.poll();
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.cancellations() > 0);
+  CHECK(svc.calls() <= 2 + 8);  // the result in hand held a slot: at most 2 read + 8 taken
+  CHECK(svc.completed() + svc.cancellations() == svc.calls());
+}
+
+TEST_CASE("close() cancels the running tasks and returns once they all finished",
+          "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::sequence({1s, 2s, 2s, 2s, 2s, 2s})});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); },
+                                   std::vector{0, 1, 2, 3, 4, 5}, 4);
+    co_await s.next();
+    CHECK(svc.in_flight() == 3);  // 4 slots: the result in hand holds one
+    co_await s.close();
+    CHECK(svc.in_flight() == 0);
+    CHECK(svc.cancellations() == 3);
+    CHECK(loop.now() == 1s);
+    auto r433 = co_await s.next();
+    CHECK_FALSE(r433);
+  });
+}
+
+TEST_CASE("a stream destroyed before its first next() never starts", "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  recorded_input<int> in({1, 2, 3});
+  loop.run([&]() -> asio::awaitable<void> {
+    {
+      auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, in, 2);
+    }
+    co_await sluice::sleep(1s);
+  });
+  CHECK(in.pulled() == 0);
+  CHECK(f.started == 0);
+}
+
+// ---- 10. an async source is pulled one next() at a time -------------------
+
+TEST_CASE("an async source is never asked for next() concurrently", "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  recorded_source<int> src({300, 300, 300, 300, 300, 300, 300, 300}, 10ms);
+  auto r = loop.run([&]() -> asio::awaitable<std::vector<got>> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, src, 4);
+    co_return co_await drain(loop, s);
+  });
+  CHECK(src.max_active() == 1);
+  CHECK(src.calls() == 9);
+  CHECK(f.max == 4);
+  // Pulls end at 10, 20, 30, 40 ms; the 5th waits for a slot (310 ms) and
+  // ends at 320 ms, ..., the 8th ends at 350 ms and its task at 650 ms.
+  CHECK(r.front() == got{300, 310ms});
+  CHECK(r.back() == got{300, 650ms});
+  CHECK(loop.now() == 650ms);
+}
+
+// ---- 11. cancelling the consumer -----------------------------------------
+
+TEST_CASE(
+    "cancelling the consumer waiting in next() cancels the tasks and throws operation_aborted",
+    "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(1s)});
+  asio::cancellation_signal cancel;
+  std::optional<std::error_code> ec;
+  std::optional<nanoseconds> ended_at;
+  std::size_t in_flight_at_end = 99;
+  auto consumer = [&]() -> asio::awaitable<void> {
+    auto s =
+        sluice::map_unordered([&](int i) { return call(svc, i); }, std::vector{0, 1, 2, 3, 4}, 3);
+    try {
+      while (co_await s.next()) {
+      }
+    } catch (const std::system_error& e) {
+      ec = e.code();
+      ended_at = loop.now();
+      in_flight_at_end = svc.in_flight();
+    }
+  };
+  asio::co_spawn(loop.get_executor(), consumer(),
+                 asio::bind_cancellation_slot(cancel.slot(), [](std::exception_ptr) {}));
+  loop.run_for(1500ms);
+  CHECK(svc.in_flight() == 2);  // 0..2 ran 0..1 s; 3 and 4 run since 1 s
+  cancel.emit(asio::cancellation_type::terminal);
+  loop.poll();
+  REQUIRE(ec);
+  CHECK(*ec == asio::error::operation_aborted);
+  CHECK(*ended_at == 1500ms);
+  CHECK(in_flight_at_end == 0);
+  CHECK(svc.cancellations() == 2);
+}
+
+// ---- 12. pipelines -------------------------------------------------------
+
+TEST_CASE("two chained stages each respect their own limit and finish at the ideal time",
+          "[map_unordered]") {
+  virtual_loop loop;
+  slow_service fetch({.latency = latency::fixed(1s)});
+  slow_service store({.latency = latency::fixed(1s)});
+  auto r = loop.run([&]() -> asio::awaitable<std::vector<got>> {
+    auto pipeline =
+        sluice::map_unordered([&](int i) { return call(store, i); },
+                              sluice::map_unordered([&](int i) { return call(fetch, i); },
+                                                    std::vector{0, 1, 2, 3, 4, 5, 6, 7}, 4),
+                              2);
+    co_return co_await drain(loop, pipeline);
+  });
+  CHECK(r.size() == 8);
+  CHECK(fetch.max_in_flight() == 4);
+  CHECK(store.max_in_flight() == 2);
+  // store is the bottleneck: 8 items, 2 at a time, 1 s each, from 1 s on.
+  CHECK(loop.now() == 5s);
+  CHECK(r.front().at == 2s);
+}
+
+TEST_CASE("an lvalue stream can feed another stage", "[map_unordered]") {
+  virtual_loop loop;
+  flight f1, f2;
+  auto r = loop.run([&]() -> asio::awaitable<std::vector<got>> {
+    auto first =
+        sluice::map_unordered([&](int d) { return nap(f1, d); }, std::vector{100, 100, 100}, 3);
+    auto second = sluice::map_unordered([&](int d) { return nap(f2, d); }, first, 1);
+    co_return co_await drain(loop, second);
+  });
+  CHECK(r == std::vector<got>{{100, 200ms}, {100, 300ms}, {100, 400ms}});
+}
+
+// ---- as_completed and the rest -------------------------------------------
+
+TEST_CASE("as_completed runs a range of tasks with a bound and yields in completion order",
+          "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  auto r = loop.run([&]() -> asio::awaitable<std::vector<got>> {
+    std::vector<asio::awaitable<int>> tasks;
+    for (int d : {300, 100, 200, 100}) tasks.push_back(nap(f, d));
+    auto s = sluice::as_completed(std::move(tasks), 2);
+    co_return co_await drain(loop, s);
+  });
+  // 300 and 200 both end at 300 ms; 300's timer was set first.
+  CHECK(r == std::vector<got>{{100, 100ms}, {300, 300ms}, {200, 300ms}, {100, 400ms}});
+  CHECK(f.max == 2);
+}
+
+TEST_CASE("as_completed with return_exceptions yields every outcome", "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  std::size_t ok = 0, failed = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<int>> tasks;
+    for (int d : {100, -100, 100}) tasks.push_back(nap_or_fail(f, d));
+    auto s = sluice::as_completed(tasks, 3, sluice::return_exceptions);
+    while (auto r = co_await s.next()) ++(*r ? ok : failed);
+  });
+  CHECK(ok == 2);
+  CHECK(failed == 1);
+}
+
+TEST_CASE("void tasks yield std::monostate", "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(1s)});
+  std::size_t n = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int) { return svc.call(); }, std::vector{1, 2, 3}, 3);
+    static_assert(std::is_same_v<decltype(s), sluice::stream<std::monostate>>);
+    while (co_await s.next()) ++n;
+  });
+  CHECK(n == 3);
+  CHECK(loop.now() == 1s);
+}
+
+TEST_CASE("a moved-from stream yields nothing and a second waiting next() is refused", "[stream]") {
+  virtual_loop loop;
+  flight f;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, std::vector{100}, 1);
+    auto t = std::move(s);
+    auto r586 = co_await s.next();
+    CHECK_FALSE(r586);
+    auto r587 = co_await t.next();
+    CHECK(r587 == 100);
+    sluice::stream<int> empty;
+    auto r589 = co_await empty.next();
+    CHECK_FALSE(r589);
+    co_await empty.close();
+  });
+  bool refused = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, std::vector{100}, 1);
+    auto ex = co_await asio::this_coro::executor;
+    asio::co_spawn(
+        ex, [&]() -> asio::awaitable<void> { co_await s.next(); }, [](std::exception_ptr) {});
+    co_await sluice::sleep(10ms);
+    try {
+      co_await s.next();
+    } catch (const std::logic_error&) {
+      refused = true;
+    }
+    co_await s.close();
+  });
+  CHECK(refused);
+}
+
+TEST_CASE("a long lazy input runs with a fixed number of workers", "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  std::size_t n = 0;
+  recorded_input<int> in(std::vector<int>(5000, 1));
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, in, 16);
+    while (co_await s.next()) ++n;
+  });
+  CHECK(n == 5000);
+  CHECK(f.max == 16);
+  CHECK(loop.now() == milliseconds(5000 / 16 + 1));
+}
+
+namespace {
+struct not_a_source {};
+}  // namespace
+
+TEST_CASE("misuse is rejected by the concepts", "[map_unordered]") {
+  auto fn = [](int) -> asio::awaitable<int> {
+    co_return 1;
+  };
+  STATIC_REQUIRE(sluice::fan_out_function<decltype(fn), std::vector<int>&>);
+  STATIC_REQUIRE(sluice::fan_out_function<decltype(fn), recorded_source<int>>);
+  STATIC_REQUIRE_FALSE(sluice::fan_out_function<decltype(fn), not_a_source>);
+  STATIC_REQUIRE_FALSE(sluice::fan_out_function<int, std::vector<int>>);
+  STATIC_REQUIRE_FALSE(sluice::fan_out_function<decltype(fn), std::vector<std::string>>);
+  STATIC_REQUIRE(sluice::fan_out_input<sluice::stream<int>>);
+}
