@@ -34,7 +34,9 @@ namespace {
 
 constexpr std::size_t tasks_per_run = 10'000;
 
-asio::awaitable<int> instant(int x) { co_return x + 1; }
+asio::awaitable<int> instant(int x) {
+  co_return x + 1;
+}
 
 std::vector<asio::awaitable<int>> make_tasks(std::size_t n) {
   std::vector<asio::awaitable<int>> v;
@@ -54,9 +56,9 @@ void run_benchmark(benchmark::State& state, Body body) {
     ctx.run();
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * tasks_per_run));
-  state.counters["ns_per_task"] = benchmark::Counter(
-      static_cast<double>(state.iterations() * tasks_per_run),
-      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_task"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * tasks_per_run),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 asio::awaitable<void> await_each(std::vector<asio::awaitable<int>> tasks) {
@@ -66,7 +68,8 @@ asio::awaitable<void> await_each(std::vector<asio::awaitable<int>> tasks) {
 }
 
 void sequential_co_await(benchmark::State& state) {
-  run_benchmark(state, []() -> asio::awaitable<void> { co_await await_each(make_tasks(tasks_per_run)); });
+  run_benchmark(state,
+                []() -> asio::awaitable<void> { co_await await_each(make_tasks(tasks_per_run)); });
 }
 
 void gather_with_concurrency(benchmark::State& state) {
@@ -112,7 +115,8 @@ struct countdown {
     if (pending == 0) co_return;
     auto ex = co_await asio::this_coro::executor;
     co_await asio::async_initiate<const asio::use_awaitable_t<>&, void()>(
-        [this, ex](auto h) { waiter = sluice::detail::erased_handler<>(std::move(h), ex); }, asio::use_awaitable);
+        [this, ex](auto h) { waiter = sluice::detail::erased_handler<>(std::move(h), ex); },
+        asio::use_awaitable);
   }
 };
 
@@ -167,8 +171,8 @@ void raw_cospawn_counter(benchmark::State& state) {
 void harness_virtual_calls(benchmark::State& state) {
   const std::size_t calls = 1'000'000;
   for (auto _ : state) {
-    sluice::testing::slow_service svc({.latency = sluice::testing::latency::uniform(std::chrono::seconds(1),
-                                                                                    std::chrono::seconds(5)),
+    sluice::testing::slow_service svc({.latency = sluice::testing::latency::uniform(
+                                           std::chrono::seconds(1), std::chrono::seconds(5)),
                                        .record_timeline = false});
     sluice::testing::virtual_loop loop;
     loop.run([&]() -> asio::awaitable<void> {

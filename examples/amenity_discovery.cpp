@@ -18,9 +18,9 @@
 #include <asio/io_context.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -35,8 +35,8 @@ namespace {
 
 const std::vector<std::string> categories = {"hospital", "bank",       "school", "pharmacy", "gym",
                                              "laundry",  "restaurant", "coffee", "grocery"};
-const std::vector<std::string> grocery_searches = {"grocery/continente", "grocery/pingo-doce",
-                                                   "grocery/lidl",       "grocery/aldi",
+const std::vector<std::string> grocery_searches = {"grocery/continente",  "grocery/pingo-doce",
+                                                   "grocery/lidl",        "grocery/aldi",
                                                    "grocery/intermarche", "grocery/supermarket"};
 
 // FNV-1a: the same numbers on every platform.
@@ -100,7 +100,8 @@ void print_timeline(const testing::slow_service& api, seconds_d axis, double sca
   };
   for (const auto& r : api.timeline()) {
     const int a = col(r.start), b = std::max(col(r.end), a + 1);
-    std::printf("  %-20s |%s%s%s| %4.1f-%4.1f s\n", r.key.c_str(), std::string(static_cast<std::size_t>(a), ' ').c_str(),
+    std::printf("  %-20s |%s%s%s| %4.1f-%4.1f s\n", r.key.c_str(),
+                std::string(static_cast<std::size_t>(a), ' ').c_str(),
                 std::string(static_cast<std::size_t>(b - a), '#').c_str(),
                 std::string(static_cast<std::size_t>(std::max(0, width - b)), ' ').c_str(),
                 seconds_d(r.start).count() / scale, seconds_d(r.end).count() / scale);
@@ -138,11 +139,14 @@ report run_once(bool virtual_time, double scale, testing::slow_service& api, Run
 int main(int argc, char** argv) {
   const bool virtual_time = argc > 1 && std::strcmp(argv[1], "--virtual") == 0;
   const double scale = virtual_time ? 1.0 : 0.05;
-  auto make_api = [&] { return testing::slow_service::options{.latency = places_latency, .time_scale = scale}; };
+  auto make_api = [&] {
+    return testing::slow_service::options{.latency = places_latency, .time_scale = scale};
+  };
 
   std::printf("Amenity discovery: 9 categories, grocery = 6 sub-searches, 14 calls of 1-5 s\n");
-  std::printf("(%s)\n\n", virtual_time ? "virtual time, full scale"
-                                       : "real time, latencies scaled by 1/20, reported at full scale");
+  std::printf("(%s)\n\n", virtual_time
+                              ? "virtual time, full scale"
+                              : "real time, latencies scaled by 1/20, reported at full scale");
 
   testing::slow_service seq_api(make_api());
   const report seq = run_once(virtual_time, scale, seq_api, sequential);
@@ -152,12 +156,12 @@ int main(int argc, char** argv) {
   const seconds_d axis = std::max(seq.total, par.total);
   std::printf("One call after another:\n");
   print_timeline(seq_api, axis, scale);
-  std::printf("  total %.1f s, max in flight %zu, %zu calls\n\n", seq.total.count(), seq.max_in_flight,
-              seq_api.calls());
+  std::printf("  total %.1f s, max in flight %zu, %zu calls\n\n", seq.total.count(),
+              seq.max_in_flight, seq_api.calls());
   std::printf("sluice::gather_with_concurrency(5, ...), grocery bounded by 5 inside:\n");
   print_timeline(par_api, axis, scale);
-  std::printf("  total %.1f s, max in flight %zu, %zu calls\n\n", par.total.count(), par.max_in_flight,
-              par_api.calls());
+  std::printf("  total %.1f s, max in flight %zu, %zu calls\n\n", par.total.count(),
+              par.max_in_flight, par_api.calls());
   std::printf("speed-up: %.1fx (%.1f s -> %.1f s), same %d places found\n", seq.total / par.total,
               seq.total.count(), par.total.count(), par.found);
   return seq.found == par.found ? 0 : 1;

@@ -80,7 +80,8 @@ TEST_CASE("results come back in input order, not completion order", "[gather]") 
   CHECK(loop.now() == 300ms);
 }
 
-TEST_CASE("nine category searches of 200 ms take 1.8 s one by one and 0.4 s bounded by 5", "[gather]") {
+TEST_CASE("nine category searches of 200 ms take 1.8 s one by one and 0.4 s bounded by 5",
+          "[gather]") {
   slow_service places({.latency = latency::fixed(200ms)});
   virtual_loop loop;
   loop.run([&]() -> asio::awaitable<void> {
@@ -118,7 +119,8 @@ TEST_CASE("fourteen calls of 1 to 5 s: sequential is the sum, bounded by 5 is th
   CHECK(par.now() < sum / 3);
 }
 
-TEST_CASE("limit 2 over 0.1 0.2 0.2 0.1 finishes at 0.3 s where batches would take 0.4 s", "[gather]") {
+TEST_CASE("limit 2 over 0.1 0.2 0.2 0.1 finishes at 0.3 s where batches would take 0.4 s",
+          "[gather]") {
   slow_service svc({.latency = latency::sequence({100ms, 200ms, 200ms, 100ms})});
   virtual_loop loop;
   loop.run(sluice::gather_with_concurrency(2, calls(svc, 4)));
@@ -233,7 +235,8 @@ TEST_CASE("an exception thrown by the input range is rethrown after running task
 
 TEST_CASE("return_exceptions runs every task and keeps each value or exception in its slot",
           "[gather]") {
-  slow_service svc({.latency = latency::fixed(1s), .failure = sluice::testing::failures::at_calls({1, 3})});
+  slow_service svc(
+      {.latency = latency::fixed(1s), .failure = sluice::testing::failures::at_calls({1, 3})});
   virtual_loop loop;
   auto r = loop.run(sluice::gather_with_concurrency(2, calls(svc, 5), sluice::return_exceptions));
   REQUIRE(r.size() == 5);
@@ -266,18 +269,21 @@ TEST_CASE("return_exceptions over void tasks gives outcome<void> slots", "[gathe
   CHECK_THROWS_AS(r[1].value(), std::logic_error);
 }
 
-TEST_CASE("cancelling the caller cancels every child, waits for them and completes with operation_aborted",
-          "[gather]") {
+TEST_CASE(
+    "cancelling the caller cancels every child, waits for them and completes with "
+    "operation_aborted",
+    "[gather]") {
   slow_service svc({.latency = latency::fixed(10s)});
   virtual_loop loop;
   asio::cancellation_signal cancel;
   std::exception_ptr error;
   bool done = false;
-  asio::co_spawn(loop.get_executor(), sluice::gather_with_concurrency(3, calls(svc, 6)),
-                 asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, std::vector<int>) {
-                   error = e;
-                   done = true;
-                 }));
+  asio::co_spawn(
+      loop.get_executor(), sluice::gather_with_concurrency(3, calls(svc, 6)),
+      asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, std::vector<int>) {
+        error = e;
+        done = true;
+      }));
   loop.run_for(1500ms);
   REQUIRE(svc.in_flight() == 3);
   cancel.emit(asio::cancellation_type::terminal);
@@ -294,7 +300,8 @@ TEST_CASE("cancelling the caller cancels every child, waits for them and complet
   }
 }
 
-TEST_CASE("a timeout around gather stops it at the deadline with nothing left running", "[gather]") {
+TEST_CASE("a timeout around gather stops it at the deadline with nothing left running",
+          "[gather]") {
   using namespace asio::experimental::awaitable_operators;
   slow_service svc({.latency = latency::fixed(10s)});
   virtual_loop loop;
@@ -395,7 +402,10 @@ TEST_CASE("immediately completing tasks all run and keep their order", "[gather]
   virtual_loop loop;
   auto r = loop.run([]() -> asio::awaitable<std::vector<int>> {
     std::vector<asio::awaitable<int>> v;
-    for (int i = 0; i < 1000; ++i) v.push_back([](int x) -> asio::awaitable<int> { co_return x; }(i));
+    for (int i = 0; i < 1000; ++i)
+      v.push_back([](int x) -> asio::awaitable<int> {
+        co_return x;
+      }(i));
     co_return co_await sluice::gather_with_concurrency(8, std::move(v));
   });
   REQUIRE(r.size() == 1000);

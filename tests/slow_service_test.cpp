@@ -53,7 +53,8 @@ TEST_CASE("uniform latency is deterministic per seed and stays in range", "[slow
 
 TEST_CASE("a latency function sees the key and the operation", "[slow_service]") {
   slow_service svc({.latency = latency::from([](const call_info& c) {
-                      return c.op == "slow" ? std::chrono::nanoseconds(3s) : std::chrono::nanoseconds(1s);
+                      return c.op == "slow" ? std::chrono::nanoseconds(3s)
+                                            : std::chrono::nanoseconds(1s);
                     })});
   virtual_loop loop;
   loop.run([&]() -> asio::awaitable<void> {
@@ -63,7 +64,8 @@ TEST_CASE("a latency function sees the key and the operation", "[slow_service]")
   CHECK(loop.now() == 4s);
 }
 
-TEST_CASE("failures are injected by call index, by key and by seeded probability", "[slow_service]") {
+TEST_CASE("failures are injected by call index, by key and by seeded probability",
+          "[slow_service]") {
   {
     slow_service svc({.latency = latency::fixed(1s), .failure = failures::at_calls({1})});
     virtual_loop loop;
@@ -78,7 +80,8 @@ TEST_CASE("failures are injected by call index, by key and by seeded probability
   {
     slow_service svc({.latency = latency::fixed(1s), .failure = failures::for_keys({"bad"})});
     virtual_loop loop;
-    auto r = loop.run(sluice::gather(calls(svc, {"ok", "bad", "ok2", "bad"}), sluice::return_exceptions));
+    auto r = loop.run(
+        sluice::gather(calls(svc, {"ok", "bad", "ok2", "bad"}), sluice::return_exceptions));
     CHECK(svc.failures() == 2);
     try {
       r[1].value();
@@ -89,7 +92,8 @@ TEST_CASE("failures are injected by call index, by key and by seeded probability
   }
   {
     auto count = [](std::uint64_t seed) {
-      slow_service svc({.latency = latency::fixed(1ms), .failure = failures::probability(0.25, seed)});
+      slow_service svc(
+          {.latency = latency::fixed(1ms), .failure = failures::probability(0.25, seed)});
       virtual_loop loop;
       std::vector<std::string> keys(400);
       loop.run(sluice::gather(calls(svc, keys), sluice::return_exceptions));
@@ -104,7 +108,8 @@ TEST_CASE("failures are injected by call index, by key and by seeded probability
 TEST_CASE("a provider quota on calls in flight throttles the excess at once", "[slow_service]") {
   slow_service svc({.latency = latency::fixed(1s), .quota = {.max_in_flight = 3}});
   virtual_loop loop;
-  auto r = loop.run(sluice::gather(calls(svc, std::vector<std::string>(5)), sluice::return_exceptions));
+  auto r =
+      loop.run(sluice::gather(calls(svc, std::vector<std::string>(5)), sluice::return_exceptions));
   CHECK(svc.throttles() == 2);
   CHECK(svc.completed() == 3);
   CHECK_THROWS_AS(r[3].value(), throttled_error);
@@ -120,7 +125,8 @@ TEST_CASE("a provider quota on calls in flight throttles the excess at once", "[
 
 TEST_CASE("a provider quota of M calls per window throttles the M+1th call in the window",
           "[slow_service]") {
-  slow_service svc({.latency = latency::fixed(100ms), .quota = {.calls_per_window = 2, .window = 1s}});
+  slow_service svc(
+      {.latency = latency::fixed(100ms), .quota = {.calls_per_window = 2, .window = 1s}});
   virtual_loop loop;
   int throttled = 0;
   loop.run([&]() -> asio::awaitable<void> {
@@ -138,7 +144,8 @@ TEST_CASE("a provider quota of M calls per window throttles the M+1th call in th
   CHECK(svc.completed() == 3);
 }
 
-TEST_CASE("collisions count calls for a key that start while another is in flight", "[slow_service]") {
+TEST_CASE("collisions count calls for a key that start while another is in flight",
+          "[slow_service]") {
   slow_service svc({.latency = latency::fixed(1s)});
   virtual_loop loop;
   loop.run(sluice::gather(calls(svc, {"acct-1", "acct-1", "acct-2", "acct-1"})));

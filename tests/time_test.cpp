@@ -42,10 +42,13 @@ TEST_CASE("timers with the same deadline fire in the order they were set", "[tim
   virtual_loop loop;
   std::vector<int> order;
   for (int i = 0; i < 5; ++i) {
-    asio::co_spawn(loop.get_executor(), [&order, i]() -> asio::awaitable<void> {
-      co_await sluice::sleep(1s);
-      order.push_back(i);
-    }, [](std::exception_ptr) {});
+    asio::co_spawn(
+        loop.get_executor(),
+        [&order, i]() -> asio::awaitable<void> {
+          co_await sluice::sleep(1s);
+          order.push_back(i);
+        },
+        [](std::exception_ptr) {});
   }
   loop.run_for(1s);
   CHECK(order == std::vector<int>{0, 1, 2, 3, 4});
@@ -79,8 +82,9 @@ TEST_CASE("a blocked main coroutine is reported as a deadlock instead of hanging
   virtual_loop loop;
   asio::steady_timer never(loop.get_executor());  // real-time timer: invisible to virtual time
   never.expires_at(asio::steady_timer::time_point::max());
-  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> { co_await never.async_wait(asio::use_awaitable); }),
-                  sluice::testing::deadlock_error);
+  CHECK_THROWS_AS(
+      loop.run([&]() -> asio::awaitable<void> { co_await never.async_wait(asio::use_awaitable); }),
+      sluice::testing::deadlock_error);
   never.cancel();
 }
 
@@ -89,12 +93,15 @@ TEST_CASE("the same program gives the same timeline on every run", "[time]") {
     virtual_loop loop;
     std::vector<std::chrono::nanoseconds> t;
     for (int i = 0; i < 4; ++i) {
-      asio::co_spawn(loop.get_executor(), [&, i]() -> asio::awaitable<void> {
-        for (int k = 0; k < 3; ++k) {
-          co_await sluice::sleep(std::chrono::milliseconds(10 * (i + 1) + k));
-          t.push_back(loop.now());
-        }
-      }, [](std::exception_ptr) {});
+      asio::co_spawn(
+          loop.get_executor(),
+          [&, i]() -> asio::awaitable<void> {
+            for (int k = 0; k < 3; ++k) {
+              co_await sluice::sleep(std::chrono::milliseconds(10 * (i + 1) + k));
+              t.push_back(loop.now());
+            }
+          },
+          [](std::exception_ptr) {});
     }
     loop.run_for(1s);
     return t;

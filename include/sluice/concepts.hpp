@@ -57,7 +57,8 @@ concept task_range = std::ranges::input_range<R> && task<std::ranges::range_valu
 template <class S>
 concept async_source = requires(S& s) {
   { s.next() } -> task;
-} && detail::optional_traits<task_result_t<decltype(std::declval<S&>().next())>>::value;
+}
+&&detail::optional_traits<task_result_t<decltype(std::declval<S&>().next())>>::value;
 
 /// `U` of an async source whose `next()` yields `std::optional<U>`.
 template <async_source S>

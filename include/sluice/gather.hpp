@@ -38,8 +38,9 @@ using gather_value_t = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
 // The result of a ranged gather: vector<T> (void: nothing), or
 // vector<outcome<T>> when settling.
 template <class T, bool Settle>
-using gather_result_t = std::conditional_t<Settle, std::vector<outcome<T>>,
-                                           std::conditional_t<std::is_void_v<T>, void, std::vector<T>>>;
+using gather_result_t =
+    std::conditional_t<Settle, std::vector<outcome<T>>,
+                       std::conditional_t<std::is_void_v<T>, void, std::vector<T>>>;
 
 // One bounded fan-out over a range, shared by its workers.
 // Invariants: results_.size() == pulled_; slot i is filled when task i ends;
@@ -53,7 +54,8 @@ struct gather_state {
   static constexpr bool settle = Settle;
   static constexpr bool store_results = Settle || !std::is_void_v<value_type>;
 
-  explicit gather_state(R&& r) : input(std::forward<R>(r)), children(std::make_shared<child_set>()) {}
+  explicit gather_state(R&& r)
+      : input(std::forward<R>(r)), children(std::make_shared<child_set>()) {}
 
   void fail(std::exception_ptr e, std::size_t worker) {
     if (!first_error && !children->parent_cancelled()) first_error = std::move(e);
@@ -80,8 +82,8 @@ std::optional<std::pair<typename State::task_type, std::size_t>> pull(State& s, 
     return next;
   } catch (...) {
     if (!s.first_error) s.first_error = std::current_exception();
-    s.children->cancel_all(self, State::settle ? asio::cancellation_type::none
-                                               : asio::cancellation_type::terminal);
+    s.children->cancel_all(
+        self, State::settle ? asio::cancellation_type::none : asio::cancellation_type::terminal);
     return std::nullopt;
   }
 }
@@ -89,8 +91,9 @@ std::optional<std::pair<typename State::task_type, std::size_t>> pull(State& s, 
 // A worker awaits its task inline, then pulls the next one only when it is
 // free: a task costs about as much as a sequential co_await, not a co_spawn.
 template <class State, class Executor>
-asio::awaitable<void, Executor> gather_worker(std::shared_ptr<State> s, std::size_t self,
-                                              std::optional<std::pair<typename State::task_type, std::size_t>> job) {
+asio::awaitable<void, Executor> gather_worker(
+    std::shared_ptr<State> s, std::size_t self,
+    std::optional<std::pair<typename State::task_type, std::size_t>> job) {
   for (; job; job = pull(*s, self)) {
     const std::size_t index = job->second;
     try {
@@ -128,8 +131,8 @@ using state_result_t = gather_result_t<typename State::value_type, State::settle
 // parent hands each new worker its first task, so workers = min(limit, tasks)
 // without knowing the input's size.
 template <class State>
-asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(
-    std::shared_ptr<State> s, std::size_t limit) {
+asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::shared_ptr<State> s,
+                                                                           std::size_t limit) {
   using executor_type = state_executor_t<State>;
   using result_type = state_result_t<State>;
 
@@ -140,11 +143,13 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(
   while (s->children->size() < limit) {
     auto job = pull(*s, child_set::none);
     if (!job) break;
-    s->children->spawn(ex, gather_worker<State, executor_type>(s, s->children->size(), std::move(job)));
+    s->children->spawn(ex,
+                       gather_worker<State, executor_type>(s, s->children->size(), std::move(job)));
   }
 
   std::error_code ec;
-  co_await s->children->async_join(ex, asio::redirect_error(asio::use_awaitable_t<executor_type>{}, ec));
+  co_await s->children->async_join(
+      ex, asio::redirect_error(asio::use_awaitable_t<executor_type>{}, ec));
   if (s->first_error) std::rethrow_exception(s->first_error);
   if (ec) throw std::system_error(ec, "sluice::gather");
   if (auto e = s->children->escaped()) std::rethrow_exception(e);
@@ -162,7 +167,8 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(
 template <bool Settle, class R>
 auto start_gather(std::size_t limit, R&& r) {
   auto s = std::make_shared<gather_state<R, Settle>>(std::forward<R>(r));
-  if constexpr (gather_state<R, Settle>::store_results && std::ranges::sized_range<std::remove_reference_t<R>>)
+  if constexpr (gather_state<R, Settle>::store_results &&
+                std::ranges::sized_range<std::remove_reference_t<R>>)
     s->results.reserve(static_cast<std::size_t>(std::ranges::size(s->input.range())));
   return run_gather(std::move(s), limit);
 }
@@ -254,32 +260,42 @@ template <task_range R>
 /// @endcode
 template <task_range R>
 [[nodiscard]] auto gather(R&& tasks) {
-  return detail::start_gather<false>(std::numeric_limits<std::size_t>::max(), std::forward<R>(tasks));
+  return detail::start_gather<false>(std::numeric_limits<std::size_t>::max(),
+                                     std::forward<R>(tasks));
 }
 
 /// Settling `gather`: every task runs; each result is an `outcome<T>`.
 template <task_range R>
 [[nodiscard]] auto gather(R&& tasks, return_exceptions_t) {
-  return detail::start_gather<true>(std::numeric_limits<std::size_t>::max(), std::forward<R>(tasks));
+  return detail::start_gather<true>(std::numeric_limits<std::size_t>::max(),
+                                    std::forward<R>(tasks));
 }
 
 /// Runs the given tasks concurrently and returns a `std::tuple` of their
 /// results (`std::monostate` for a `void` task). Fail fast as the ranged form.
 template <class... T, class Executor>
-  requires(sizeof...(T) > 0)
-[[nodiscard]] asio::awaitable<std::tuple<detail::gather_value_t<T>...>, Executor> gather(
-    asio::awaitable<T, Executor>... tasks) {
+requires(sizeof...(T) > 0)
+    [[nodiscard]] asio::awaitable<std::tuple<detail::gather_value_t<T>...>, Executor> gather(
+        asio::awaitable<T, Executor>... tasks) {
   return detail::gather_tuple<Executor>(std::index_sequence_for<T...>{}, std::move(tasks)...);
 }
 
 /// Misuse: a range whose elements are not `asio::awaitable<T>`.
-template <class R>
-  requires(!task_range<R> && !task<R>)
-void gather(R&&) {
+template <class R, class... Tag>
+requires(!task_range<R> && !task<R>) void gather(R&&, Tag...) {
   static_assert(detail::dependent_false<R>,
                 "sluice::gather takes a range of asio::awaitable<T> (e.g. "
                 "std::vector<asio::awaitable<int>>) or awaitables as separate arguments; "
                 "call your coroutine functions to make the tasks: fetch(id), not fetch or an id.");
+}
+
+/// Misuse: a range whose elements are not `asio::awaitable<T>`.
+template <class R, class... Tag>
+requires(!task_range<R>) void gather_with_concurrency(std::size_t, R&&, Tag...) {
+  static_assert(detail::dependent_false<R>,
+                "sluice::gather_with_concurrency takes a limit and a range of asio::awaitable<T> "
+                "(e.g. std::vector<asio::awaitable<int>>); call your coroutine functions to make "
+                "the tasks: fetch(id), not fetch or an id.");
 }
 
 }  // namespace sluice

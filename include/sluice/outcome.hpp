@@ -51,10 +51,9 @@ class outcome {
 
   /// Holds a value.
   template <class U = T>
-    requires std::is_constructible_v<T, U&&> &&
-             (!std::is_same_v<std::remove_cvref_t<U>, outcome>) &&
-             (!std::is_same_v<std::remove_cvref_t<U>, std::exception_ptr>)
-  outcome(U&& value) : state_(std::in_place_index<0>, std::forward<U>(value)) {}
+  requires std::is_constructible_v<T, U&&> &&(!std::is_same_v<std::remove_cvref_t<U>, outcome>)&&(
+      !std::is_same_v<std::remove_cvref_t<U>, std::exception_ptr>)outcome(U&& value)
+      : state_(std::in_place_index<0>, std::forward<U>(value)) {}
 
   /// Holds an exception. Throws `std::invalid_argument` for a null pointer.
   outcome(std::exception_ptr error) : state_(std::in_place_index<1>, check(std::move(error))) {}

@@ -27,8 +27,9 @@ using clock = std::chrono::steady_clock;
 namespace detail {
 
 inline virtual_clock_service* find_virtual_clock(asio::execution_context& ctx) {
-  return asio::has_service<virtual_clock_service>(ctx) ? &asio::use_service<virtual_clock_service>(ctx)
-                                                       : nullptr;
+  return asio::has_service<virtual_clock_service>(ctx)
+             ? &asio::use_service<virtual_clock_service>(ctx)
+             : nullptr;
 }
 
 template <class Executor>
@@ -82,11 +83,12 @@ struct initiate_virtual_sleep {
   template <class Handler>
   void operator()(Handler&& handler, clock::time_point deadline) const {
     auto* op = new virtual_sleep_op<std::decay_t<Handler>, Executor>(std::forward<Handler>(handler),
-                                                                      ex, *svc);
+                                                                     ex, *svc);
     op->deadline = deadline;
     svc->schedule(op);
     auto slot = asio::get_associated_cancellation_slot(op->handler);
-    if (slot.is_connected()) slot.template emplace<typename std::remove_pointer_t<decltype(op)>::cancel_handler>(op);
+    if (slot.is_connected())
+      slot.template emplace<typename std::remove_pointer_t<decltype(op)>::cancel_handler>(op);
   }
 };
 

@@ -45,7 +45,9 @@ class lazy_tasks {
       return *this;
     }
     void operator++(int) { ++*this; }
-    friend bool operator==(const iterator& it, std::default_sentinel_t) { return it.s_->pulled >= it.s_->n; }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) {
+      return it.s_->pulled >= it.s_->n;
+    }
 
    private:
     state* s_ = nullptr;

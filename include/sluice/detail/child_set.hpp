@@ -58,8 +58,9 @@ class child_set : public std::enable_shared_from_this<child_set> {
     signals_.emplace_back();
     running_child_.push_back(true);
     ++running_;
-    asio::co_spawn(ex, std::move(child),
-                   asio::bind_cancellation_slot(signals_[i].slot(), done_handler{shared_from_this(), i}));
+    asio::co_spawn(
+        ex, std::move(child),
+        asio::bind_cancellation_slot(signals_[i].slot(), done_handler{shared_from_this(), i}));
     return i;
   }
 
@@ -87,8 +88,9 @@ class child_set : public std::enable_shared_from_this<child_set> {
         [self = shared_from_this(), ex](auto handler) {
           if (self->running_ == 0) {
             post_completion(std::move(handler), ex,
-                            self->parent_cancelled_ ? std::error_code(asio::error::operation_aborted)
-                                                    : std::error_code());
+                            self->parent_cancelled_
+                                ? std::error_code(asio::error::operation_aborted)
+                                : std::error_code());
             return;
           }
           auto slot = asio::get_associated_cancellation_slot(handler);

@@ -52,7 +52,7 @@ class erased_handler {
   template <class Handler, class Executor>
   erased_handler(Handler&& h, const Executor& fallback)
       : impl_(std::make_unique<impl<std::decay_t<Handler>, Executor>>(std::forward<Handler>(h),
-                                                                       fallback)) {}
+                                                                      fallback)) {}
 
   explicit operator bool() const noexcept { return impl_ != nullptr; }
 

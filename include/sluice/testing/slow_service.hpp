@@ -55,7 +55,9 @@ namespace sluice::testing {
 namespace latency {
 /// Every call takes `d`.
 inline latency_model fixed(std::chrono::nanoseconds d) {
-  return [d](const call_info&) { return d; };
+  return [d](const call_info&) {
+    return d;
+  };
 }
 /// Uniform in [lo, hi] in whole milliseconds, drawn from (seed, call index).
 inline latency_model uniform(std::chrono::nanoseconds lo, std::chrono::nanoseconds hi,
@@ -64,23 +66,30 @@ inline latency_model uniform(std::chrono::nanoseconds lo, std::chrono::nanosecon
   const auto lo_ms = std::chrono::ceil<std::chrono::milliseconds>(lo).count();
   const auto span = std::chrono::floor<std::chrono::milliseconds>(hi).count() - lo_ms + 1;
   return [=](const call_info& c) -> std::chrono::nanoseconds {
-    const auto r = sluice::detail::mix(seed * 0x100000001b3ULL ^ c.index) % static_cast<std::uint64_t>(span);
+    const auto r =
+        sluice::detail::mix(seed * 0x100000001b3ULL ^ c.index) % static_cast<std::uint64_t>(span);
     return std::chrono::milliseconds(lo_ms + static_cast<std::int64_t>(r));
   };
 }
 /// Call i takes `list[i % list.size()]`.
 inline latency_model sequence(std::vector<std::chrono::nanoseconds> list) {
   if (list.empty()) throw std::invalid_argument("sluice::testing::latency::sequence: empty list");
-  return [l = std::move(list)](const call_info& c) { return l[c.index % l.size()]; };
+  return [l = std::move(list)](const call_info& c) {
+    return l[c.index % l.size()];
+  };
 }
 /// Any function of the call (key, op, index).
-inline latency_model from(latency_model f) { return f; }
+inline latency_model from(latency_model f) {
+  return f;
+}
 }  // namespace latency
 
 /// Failure models.
 namespace failures {
 /// No call fails.
-inline failure_model none() { return {}; }
+inline failure_model none() {
+  return {};
+}
 /// The calls with these 0-based indices fail.
 inline failure_model at_calls(std::vector<std::size_t> indices) {
   return [s = std::unordered_set<std::size_t>(indices.begin(), indices.end())](const call_info& c) {
@@ -98,7 +107,8 @@ inline failure_model probability(double p, std::uint64_t seed = 1) {
   if (!(p >= 0.0 && p <= 1.0))
     throw std::invalid_argument("sluice::testing::failures::probability: p must be in [0, 1]");
   return [=](const call_info& c) {
-    return static_cast<double>(sluice::detail::mix(seed ^ (c.index * 0x9e3779b97f4a7c15ULL)) >> 11) *
+    return static_cast<double>(sluice::detail::mix(seed ^ (c.index * 0x9e3779b97f4a7c15ULL)) >>
+                               11) *
                0x1.0p-53 <
            p;
   };
@@ -107,8 +117,9 @@ inline failure_model probability(double p, std::uint64_t seed = 1) {
 
 /// The provider's limit; a call over it is answered at once with `throttled_error`.
 struct quota {
-  std::size_t max_in_flight = 0;     ///< more than this many in flight is throttled (0: no limit)
-  std::size_t calls_per_window = 0;  ///< more than this many starts per `window` is throttled (0: no limit)
+  std::size_t max_in_flight = 0;  ///< more than this many in flight is throttled (0: no limit)
+  std::size_t calls_per_window =
+      0;  ///< more than this many starts per `window` is throttled (0: no limit)
   std::chrono::nanoseconds window{std::chrono::seconds(1)};
 };
 
@@ -159,8 +170,8 @@ struct call_record {
 /// Loop-affine: use it from the thread running its callers' loop.
 ///
 /// @code
-/// sluice::testing::slow_service places({.latency = sluice::testing::latency::uniform(1s, 5s, 42)});
-/// loop.run(sluice::gather_with_concurrency(5, make_calls(places, 14)));
+/// sluice::testing::slow_service places({.latency = sluice::testing::latency::uniform(1s, 5s,
+/// 42)}); loop.run(sluice::gather_with_concurrency(5, make_calls(places, 14)));
 /// assert(places.max_in_flight() == 5);
 /// @endcode
 class slow_service {
@@ -175,7 +186,8 @@ class slow_service {
 
   slow_service() : slow_service(options{}) {}
   explicit slow_service(options o) : opt_(std::move(o)) {
-    if (!opt_.latency) throw std::invalid_argument("sluice::testing::slow_service: no latency model");
+    if (!opt_.latency)
+      throw std::invalid_argument("sluice::testing::slow_service: no latency model");
     if (!(opt_.time_scale > 0.0))
       throw std::invalid_argument("sluice::testing::slow_service: time_scale must be > 0");
   }
@@ -193,7 +205,8 @@ class slow_service {
     }
     const std::size_t index = calls_++;
     const call_info info{index, key, op};
-    if (opt_.record_timeline) timeline_.push_back({index, key, op, t0 - origin_, t0 - origin_, call_result::running});
+    if (opt_.record_timeline)
+      timeline_.push_back({index, key, op, t0 - origin_, t0 - origin_, call_result::running});
 
     if (throttled(t0)) {
       ++throttles_;
@@ -219,8 +232,8 @@ class slow_service {
     if (opt_.failure && opt_.failure(info)) {
       ++failures_;
       finish(index, t1, call_result::failed);
-      throw service_error("slow_service: call #" + std::to_string(index) + describe(key) + " failed",
-                          index, key);
+      throw service_error(
+          "slow_service: call #" + std::to_string(index) + describe(key) + " failed", index, key);
     }
     ++completed_;
     finish(index, t1, call_result::ok);
@@ -234,12 +247,16 @@ class slow_service {
   [[nodiscard]] std::size_t cancellations() const noexcept { return cancellations_; }
   [[nodiscard]] std::size_t in_flight() const noexcept { return in_flight_; }
   [[nodiscard]] std::size_t max_in_flight() const noexcept { return max_in_flight_; }
-  [[nodiscard]] std::size_t in_flight(const std::string& key) const { return per_key(key).in_flight; }
+  [[nodiscard]] std::size_t in_flight(const std::string& key) const {
+    return per_key(key).in_flight;
+  }
   [[nodiscard]] std::size_t max_in_flight(const std::string& key) const {
     return per_key(key).max_in_flight;
   }
   /// Calls for `key` that started while another call for it was in flight.
-  [[nodiscard]] std::size_t collisions(const std::string& key) const { return per_key(key).collisions; }
+  [[nodiscard]] std::size_t collisions(const std::string& key) const {
+    return per_key(key).collisions;
+  }
   /// Collisions summed over all keys.
   [[nodiscard]] std::size_t collisions() const noexcept { return collisions_; }
   /// One record per call, in order of arrival (empty if record_timeline is off).
@@ -251,7 +268,9 @@ class slow_service {
     std::size_t in_flight = 0, max_in_flight = 0, collisions = 0;
   };
 
-  static std::string describe(const std::string& key) { return key.empty() ? "" : " (key " + key + ")"; }
+  static std::string describe(const std::string& key) {
+    return key.empty() ? "" : " (key " + key + ")";
+  }
 
   const key_stats& per_key(const std::string& key) const {
     static const key_stats empty;
@@ -262,7 +281,8 @@ class slow_service {
   bool throttled(clock::time_point t) {
     if (opt_.quota.max_in_flight && in_flight_ >= opt_.quota.max_in_flight) return true;
     if (opt_.quota.calls_per_window) {
-      const auto window = std::chrono::duration_cast<clock::duration>(opt_.quota.window * opt_.time_scale);
+      const auto window =
+          std::chrono::duration_cast<clock::duration>(opt_.quota.window * opt_.time_scale);
       while (!starts_.empty() && starts_.front() <= t - window) starts_.pop_front();
       if (starts_.size() >= opt_.quota.calls_per_window) return true;
     } else {

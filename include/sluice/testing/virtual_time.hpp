@@ -89,10 +89,8 @@ class virtual_loop {
   /// Calls `f()` (which returns an awaitable) and runs the result; `f` stays
   /// alive meanwhile, so a lambda's captures are safe to use.
   template <class F>
-    requires std::invocable<F&>
-  auto run(F&& f) {
-    return run(f());
-  }
+  requires std::invocable<F&>
+  auto run(F&& f) { return run(f()); }
 
   /// Runs everything that is ready and advances virtual time by `d`, firing
   /// the timers that fall due on the way.
