@@ -8,6 +8,8 @@
 //                                co_spawn per task behind a semaphore of 8
 //   gather_unbounded             sluice::gather over the whole range
 //   raw_cospawn_counter          hand-written: co_spawn each, count down, resume
+//   real_time_makespan           30 calls of 20-100 ms on the real-time service, limit 5:
+//                                worst makespan / ideal greedy schedule (target <= 1.05)
 //   harness_virtual_calls        simulated slow calls through gather_with_concurrency
 //                                on the virtual-time loop (calls/s)
 //
@@ -28,6 +30,8 @@
 #include <cstddef>
 #include <deque>
 #include <exception>
+#include <functional>
+#include <queue>
 #include <vector>
 
 namespace {
@@ -187,6 +191,47 @@ void harness_virtual_calls(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * calls));
 }
 
+// Bounded fan-out on the real-time simulated service: makespan against the
+// ideal (greedy) schedule of the same latencies. Target: within 5%.
+void real_time_makespan(benchmark::State& state) {
+  const std::size_t n = 30, limit = 5;
+  const auto model = sluice::testing::latency::uniform(std::chrono::milliseconds(20),
+                                                       std::chrono::milliseconds(100), 3);
+  std::priority_queue<std::chrono::nanoseconds, std::vector<std::chrono::nanoseconds>,
+                      std::greater<>>
+      free_at;
+  for (std::size_t i = 0; i < limit; ++i) free_at.push(std::chrono::nanoseconds(0));
+  std::chrono::nanoseconds ideal(0);
+  for (std::size_t i = 0; i < n; ++i) {
+    auto t = free_at.top() + model({i, "", ""});
+    free_at.pop();
+    free_at.push(t);
+    ideal = std::max(ideal, t);
+  }
+  double worst = 0;
+  for (auto _ : state) {
+    sluice::testing::slow_service svc({.latency = model});
+    asio::io_context ctx(1);
+    const auto t0 = std::chrono::steady_clock::now();
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+          std::vector<asio::awaitable<void>> v;
+          for (std::size_t i = 0; i < n; ++i) v.push_back(svc.call());
+          co_await sluice::gather_with_concurrency(limit, std::move(v));
+        },
+        [](std::exception_ptr e) {
+          if (e) std::rethrow_exception(e);
+        });
+    ctx.run();
+    const auto took = std::chrono::steady_clock::now() - t0;
+    worst =
+        std::max(worst, std::chrono::duration<double>(took) / std::chrono::duration<double>(ideal));
+  }
+  state.counters["ideal_ms"] = std::chrono::duration<double, std::milli>(ideal).count();
+  state.counters["worst_ratio"] = worst;
+}
+
 }  // namespace
 
 BENCHMARK(sequential_co_await);
@@ -194,6 +239,7 @@ BENCHMARK(gather_with_concurrency)->Arg(1)->Arg(8)->Arg(64);
 BENCHMARK(cospawn_per_task_semaphore)->Arg(8);
 BENCHMARK(gather_unbounded);
 BENCHMARK(raw_cospawn_counter);
+BENCHMARK(real_time_makespan)->Unit(benchmark::kMillisecond)->Iterations(5);
 BENCHMARK(harness_virtual_calls)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 BENCHMARK_MAIN();
