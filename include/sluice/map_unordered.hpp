@@ -98,6 +98,8 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
   using input_value = typename types::input_value;
   static constexpr bool is_async = fan_out_input_traits<In>::is_async;
   using input_type = std::conditional_t<is_async, range_holder<In>, range_cursor<In>>;
+  using result_type = typename types::result_type;
+  using task_value = std::conditional_t<std::is_void_v<result_type>, std::monostate, result_type>;
 
  public:
   map_core(F fn, In&& in, std::size_t limit)
@@ -167,45 +169,40 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
           break;
         }
         c->kick();  // a free slot may take the next input now
-        co_await run(*c, std::move(*input), self);
+        // The task, awaited inline (no frame of ours around it).
+        std::optional<task_value> value;
+        std::exception_ptr error;
+        c->task_started();
+        try {
+          if constexpr (std::is_void_v<result_type>) {
+            co_await std::invoke(c->fn_, std::move(*input));
+            value.emplace();
+          } else {
+            value.emplace(co_await std::invoke(c->fn_, std::move(*input)));
+          }
+        } catch (...) {
+          error = std::current_exception();
+        }
+        c->task_ended();
+        input.reset();
+        if (!error) {
+          if constexpr (Settle && std::is_void_v<result_type>) {
+            c->deliver();
+          } else {
+            c->deliver(std::move(*value));
+          }
+        } else if constexpr (Settle) {
+          c->deliver(std::move(error));
+        } else {
+          c->give_back_slot(false);
+          c->fail(std::move(error), self, true);
+        }
       }
     } catch (...) {
-      // Only the machinery can get here (tasks' exceptions are caught in run).
+      // Only the machinery can get here (tasks' exceptions are caught above).
       c->fail(std::current_exception(), self, true);
     }
     c->worker_left();
-  }
-
-  static asio::awaitable<void, executor_type> run(map_core& c, input_value input,
-                                                  std::size_t self) {
-    using result_type = typename types::result_type;
-    std::optional<std::conditional_t<std::is_void_v<result_type>, std::monostate, result_type>>
-        value;
-    std::exception_ptr error;
-    c.task_started();
-    try {
-      if constexpr (std::is_void_v<result_type>) {
-        co_await std::invoke(c.fn_, std::move(input));
-        value.emplace();
-      } else {
-        value.emplace(co_await std::invoke(c.fn_, std::move(input)));
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-    c.task_ended();
-    if (!error) {
-      if constexpr (Settle && std::is_void_v<result_type>) {
-        c.deliver();
-      } else {
-        c.deliver(std::move(*value));
-      }
-    } else if constexpr (Settle) {
-      c.deliver(std::move(error));
-    } else {
-      c.give_back_slot(false);
-      c.fail(std::move(error), self, true);
-    }
   }
 
   F fn_;
