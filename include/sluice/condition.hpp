@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_CONDITION_HPP
+#define SLUICE_CONDITION_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/affinity.hpp>
+#include <sluice/detail/waiter_list.hpp>
+#include <sluice/lock.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/cancellation_state.hpp>
+#include <asio/error.hpp>
+#include <asio/execution/executor.hpp>
+#include <asio/is_executor.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <system_error>
+#include <utility>
+
+namespace sluice {
+
+/// A loop-affine condition variable for coroutines (Python's
+/// `asyncio.Condition`): a `lock` plus a FIFO of coroutines waiting to be
+/// notified. It owns its lock, or shares one (`sluice::condition c{l};`).
+///
+/// `wait()` requires the lock held: it releases it, waits for a `notify()`,
+/// then re-acquires it before returning. A notified waiter therefore runs only
+/// after the notifier releases the lock. Re-check your predicate in a loop, or
+/// use `wait(pred)`. Prefer a `queue` when the state is "is there an item".
+///
+/// What resumes where: notified waiters are never resumed inside `notify()`;
+/// they are posted to their coroutine's executor and then queue for the lock.
+///
+/// Per-Operation Cancellation: `wait()` reacts to the coroutine's cancellation
+/// (terminal, partial, total). Whatever happens, it re-acquires the lock before
+/// it returns or throws, even when cancelled, and then throws
+/// `std::system_error(operation_aborted)`. A notification that reached a waiter
+/// cancelled before it resumed is passed on to the next waiter, never lost.
+/// `wait()` is an awaitable only (no `async_wait(token)`): its uncancellable
+/// re-acquire needs the coroutine's `throw_if_cancelled` control.
+///
+/// Throws: `wait()` / `notify()` / `notify_all()` without the lock held throw
+/// `std::logic_error`. Destroying a condition with waiters completes them with
+/// `operation_aborted` (a shared lock must outlive the condition).
+///
+/// @code
+/// sluice::condition cv;
+/// std::size_t items = 0;
+/// // consumer                                    // producer
+/// auto g = co_await cv.scoped_acquire();         auto g = co_await cv.scoped_acquire();
+/// co_await cv.wait([&] { return items > 0; });   ++items;
+/// --items;                                       cv.notify();
+/// @endcode
+class condition {
+ public:
+  /// A condition with its own lock and no executor.
+  condition() : owned_(std::make_unique<sluice::lock>()), lock_(owned_.get()) {}
+
+  /// A condition with its own lock, both using `ex` for handlers without one.
+  template <class Executor>
+  requires(asio::execution::is_executor<Executor>::value ||
+           asio::is_executor<Executor>::value) explicit condition(const Executor& ex)
+      : owned_(std::make_unique<sluice::lock>(ex)), lock_(owned_.get()) {
+    affinity_.bind(lock_->core_.executor());
+  }
+
+  /// A condition sharing `l`, which must outlive it.
+  explicit condition(sluice::lock& l) : lock_(&l) { affinity_.bind(lock_->core_.executor()); }
+
+  condition(const condition&) = delete;
+  condition& operator=(const condition&) = delete;
+  ~condition() { detail::abort_all(waiters_); }
+
+  /// The lock this condition waits with.
+  [[nodiscard]] sluice::lock& get_lock() noexcept { return *lock_; }
+
+  /// Acquires the lock (see `lock::acquire`).
+  [[nodiscard]] asio::awaitable<void> acquire() { return lock_->acquire(); }
+  /// Acquires the lock, returning a guard that releases it.
+  [[nodiscard]] asio::awaitable<lock::guard> scoped_acquire() { return lock_->scoped_acquire(); }
+  /// Releases the lock (throws `std::logic_error` when it is not locked).
+  void release() { lock_->release(); }
+  /// True while the lock is held.
+  [[nodiscard]] bool locked() const noexcept { return lock_->locked(); }
+
+  /// Releases the lock, waits for a notification, re-acquires the lock.
+  /// Throws `std::logic_error` if the lock is not held, and
+  /// `std::system_error(operation_aborted)` when cancelled, in both cases with
+  /// the lock held again.
+  [[nodiscard]] asio::awaitable<void> wait() {
+    if (!lock_->locked()) {
+      throw std::logic_error("sluice::condition::wait: the lock is not held");
+    }
+    affinity_.check("sluice::condition");
+    auto state = co_await asio::this_coro::cancellation_state;
+    const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
+    // If the condition is destroyed meanwhile, the wait fails and `this` is
+    // gone: from then on only `l` (which must outlive the condition) is used.
+    sluice::lock* const l = lock_;
+    l->release();
+    bool notified = false;
+    std::exception_ptr failure;
+    try {
+      co_await wait_notified();
+      notified = true;
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    // Re-acquire even when cancelled: disable throw_if_cancelled meanwhile,
+    // and wait without a cancellation slot.
+    const bool throw_if = co_await asio::this_coro::throw_if_cancelled();
+    co_await asio::this_coro::throw_if_cancelled(false);
+    std::exception_ptr relock_failure;
+    try {
+      co_await l->core_.acquire_uncancellable();
+    } catch (...) {
+      relock_failure = std::current_exception();
+    }
+    co_await asio::this_coro::throw_if_cancelled(throw_if);
+    if (relock_failure) std::rethrow_exception(relock_failure);
+    if (failure) std::rethrow_exception(failure);
+    if (notified && !cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+      // Notified, then cancelled before it could return: cancellation wins
+      // and the notification goes to the next waiter.
+      wake(1);
+      throw std::system_error(asio::error::operation_aborted);
+    }
+  }
+
+  /// Waits until `pred()` is true: `while (!pred()) co_await wait();`.
+  /// `pred` is evaluated with the lock held; it is copied into the coroutine.
+  template <std::predicate Pred>
+  [[nodiscard]] asio::awaitable<void> wait(Pred pred) {
+    while (!pred()) co_await wait();
+  }
+
+  /// Wakes up to `n` waiters (fewer is fine), oldest first. Each resumes once
+  /// the lock is released and it gets it. Throws `std::logic_error` if the
+  /// lock is not held.
+  void notify(std::size_t n = 1) {
+    if (!lock_->locked()) {
+      throw std::logic_error("sluice::condition::notify: the lock is not held");
+    }
+    affinity_.check("sluice::condition");
+    wake(n);
+  }
+
+  /// Wakes every waiter. Throws `std::logic_error` if the lock is not held.
+  void notify_all() { notify(std::numeric_limits<std::size_t>::max()); }
+
+  /// Coroutines waiting for a notification now.
+  [[nodiscard]] std::size_t waiters() const noexcept { return waiters_.size(); }
+  /// The most coroutines that ever waited for a notification at once.
+  [[nodiscard]] std::size_t max_waiters() const noexcept { return waiters_.max_size(); }
+
+ private:
+  void wake(std::size_t n) {
+    for (; n > 0; --n) {
+      detail::waiter_node* w = waiters_.pop_front();
+      if (w == nullptr) return;
+      static_cast<detail::wait_op*>(w)->complete(std::error_code{});
+    }
+  }
+
+  asio::awaitable<void> wait_notified() {
+    return asio::async_initiate<const asio::use_awaitable_t<>&, void(std::error_code)>(
+        [this](auto&& handler) {
+          const auto& ex = lock_->core_.executor();
+          affinity_.bind(asio::get_associated_executor(handler, ex));
+          detail::start_wait<detail::wait_op, detail::deliver_nothing>(
+              std::forward<decltype(handler)>(handler), ex, "sluice::condition::wait", waiters_,
+              false, true);
+        },
+        asio::use_awaitable);
+  }
+
+  std::unique_ptr<sluice::lock> owned_;
+  sluice::lock* lock_;
+  detail::waiter_list waiters_;
+  [[no_unique_address]] detail::affinity affinity_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_CONDITION_HPP

@@ -1,0 +1,459 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_QUEUE_HPP
+#define SLUICE_QUEUE_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/affinity.hpp>
+#include <sluice/detail/waiter_list.hpp>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/cancellation_state.hpp>
+#include <asio/error.hpp>
+#include <asio/execution/executor.hpp>
+#include <asio/is_executor.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <deque>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace sluice {
+
+/// Error codes of `sluice::queue` operations.
+enum class queue_errc {
+  shut_down = 1,  ///< the queue was shut down (Python's `QueueShutDown`)
+};
+
+/// The category of `queue_errc`.
+inline const std::error_category& queue_category() noexcept {
+  struct category final : std::error_category {
+    const char* name() const noexcept override { return "sluice.queue"; }
+    std::string message(int ev) const override {
+      return ev == static_cast<int>(queue_errc::shut_down) ? "the queue was shut down"
+                                                           : "unknown sluice.queue error";
+    }
+  };
+  static const category instance;
+  return instance;
+}
+
+/// Makes a `std::error_code` from a `queue_errc`.
+inline std::error_code make_error_code(queue_errc e) noexcept {
+  return {static_cast<int>(e), queue_category()};
+}
+
+}  // namespace sluice
+
+template <>
+struct std::is_error_code_enum<sluice::queue_errc> : std::true_type {};
+
+namespace sluice {
+
+/// Thrown by `queue` members that put into a shut-down queue, or get from a
+/// shut-down queue that is empty. Its code is `queue_errc::shut_down`, the
+/// error the `async_*` operations report in the same situations.
+class queue_shut_down : public std::system_error {
+ public:
+  explicit queue_shut_down(const char* what) : std::system_error(queue_errc::shut_down, what) {}
+};
+
+namespace detail {
+
+template <class T>
+struct get_node : wait_op {
+  std::optional<T> item;
+  get_node() = default;
+  explicit get_node(T&& v) : item(std::move(v)) {}
+};
+
+template <class T>
+struct put_node : wait_op {
+  std::optional<T> item;
+  explicit put_node(T&& v) : item(std::move(v)) {}
+};
+
+// Delivers the item as T (value-initialized on error).
+template <class T>
+struct deliver_item {
+  std::tuple<T> operator()(get_node<T>& n, std::error_code) const {
+    if (n.item) return std::tuple<T>(std::move(*n.item));
+    return std::tuple<T>(T{});
+  }
+};
+
+// Delivers the item as std::optional<T> (no default constructor needed).
+template <class T>
+struct deliver_optional {
+  std::tuple<std::optional<T>> operator()(get_node<T>& n, std::error_code) const {
+    return std::tuple<std::optional<T>>(std::move(n.item));
+  }
+};
+
+}  // namespace detail
+
+/// A loop-affine FIFO queue for coroutines (Python's `asyncio.Queue`, with
+/// Python 3.13's `shutdown()`): producers `put`, consumers `get`, and a
+/// `maxsize` (0 = unbounded) makes `put` wait for room (backpressure).
+///
+/// Items are handed over directly: a `put` with a getter waiting gives the
+/// item to the oldest getter; a `get` that frees room moves the oldest waiting
+/// putter's item in. Getters and putters are served FIFO. `task_done()` /
+/// `join()` count unfinished items as Python does.
+///
+/// Shutdown (`shutdown(immediate = false)`): every later put, and every waiting
+/// putter, fails with `queue_shut_down` (error `queue_errc::shut_down` for the
+/// `async_*` forms); gets drain the remaining items, then fail the same way.
+/// `immediate = true` also drops the items (counting each as done for
+/// `join()`), so waiting and later gets fail at once.
+///
+/// What resumes where: `get()` / `put()` that need not wait do not suspend.
+/// Waiters are never resumed inside another call; each completion is posted to
+/// the handler's associated executor (a coroutine's own), or to the queue's
+/// executor for a handler without one (rejected with `std::invalid_argument`
+/// if the queue has none).
+///
+/// Per-Operation Cancellation: `async_get`, `async_put`, `async_join` support
+/// terminal, partial and total cancellation. A cancelled getter is removed and
+/// never holds an item (an item handed to it first is not lost: `async_get`
+/// then completes successfully with it, and `get()` whose coroutine was
+/// cancelled before it resumed puts it back at the front or hands it to the
+/// next getter, then throws `operation_aborted`; the queue may then briefly
+/// hold one item more than `maxsize`). A cancelled putter is removed and its
+/// item is dropped; a putter whose item already went in completes successfully.
+///
+/// Throws: `task_done()` more often than items were put throws
+/// `std::logic_error`. Destroying a queue with waiters completes them with
+/// `operation_aborted`.
+///
+/// @code
+/// sluice::queue<job> jobs{100};                     // put() waits when full
+/// auto worker = [&]() -> asio::awaitable<void> {
+///   for (;;) { job j = co_await jobs.get(); co_await run(j); jobs.task_done(); }
+/// };
+/// co_await jobs.put(job{42});
+/// co_await jobs.join();                             // every job done
+/// @endcode
+template <std::movable T>
+class queue {
+ public:
+  /// An unbounded (`maxsize == 0`) or bounded queue without an executor.
+  explicit queue(std::size_t maxsize = 0) : maxsize_(maxsize) {}
+
+  /// A queue whose executor runs handlers that have none.
+  template <class Executor>
+  requires(asio::execution::is_executor<Executor>::value ||
+           asio::is_executor<Executor>::value) explicit queue(const Executor& ex,
+                                                              std::size_t maxsize = 0)
+      : ex_(ex), maxsize_(maxsize) {
+    affinity_.bind(ex_);
+  }
+
+  queue(const queue&) = delete;
+  queue& operator=(const queue&) = delete;
+  ~queue() {
+    detail::abort_all(getters_);
+    detail::abort_all(putters_);
+    detail::abort_all(joiners_);
+  }
+
+  /// Puts `value` if that needs no wait: returns false when full. Throws
+  /// `queue_shut_down` after `shutdown()`.
+  [[nodiscard]] bool try_put(T value) {
+    affinity_.check("sluice::queue");
+    if (shut_down_) throw queue_shut_down("sluice::queue::try_put: the queue was shut down");
+    return put_now(value);
+  }
+
+  /// Takes the oldest item if there is one; empty when there is none. Throws
+  /// `queue_shut_down` when the queue is shut down and empty.
+  [[nodiscard]] std::optional<T> try_get() {
+    affinity_.check("sluice::queue");
+    if (!items_.empty()) return take_front();
+    if (shut_down_) throw queue_shut_down("sluice::queue::try_get: the queue was shut down");
+    return std::nullopt;
+  }
+
+  /// Puts `value`, waiting for room. Completion signature
+  /// `void(std::error_code)`: `queue_errc::shut_down` if the queue is (or gets)
+  /// shut down, `operation_aborted` if cancelled or destroyed (the item is
+  /// then dropped).
+  template <asio::completion_token_for<void(std::error_code)> CompletionToken>
+  auto async_put(T value, CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(std::error_code)>(
+        [this](auto&& handler, T v) {
+          affinity_.check("sluice::queue");
+          affinity_.bind(asio::get_associated_executor(handler, ex_));
+          using node = detail::put_node<T>;
+          if (shut_down_) {
+            start_failed<node, detail::deliver_nothing>(std::forward<decltype(handler)>(handler),
+                                                        "sluice::queue::async_put", std::move(v));
+            return;
+          }
+          const bool ready = can_put_now();
+          if (ready) {
+            detail::require_executor<std::decay_t<decltype(handler)>>(ex_,
+                                                                      "sluice::queue::async_put");
+            put_now(v);
+          }
+          detail::start_wait<node, detail::deliver_nothing>(
+              std::forward<decltype(handler)>(handler), ex_, "sluice::queue::async_put", putters_,
+              ready, true, std::move(v));
+        },
+        token, std::move(value));
+  }
+
+  /// Puts `value`, waiting for room; does not suspend when there is room.
+  /// Throws `queue_shut_down` after `shutdown()`, and
+  /// `std::system_error(operation_aborted)` if cancelled before the item went in.
+  [[nodiscard]] asio::awaitable<void> put(T value) {
+    if (try_put_value(value)) co_return;
+    std::error_code ec;
+    co_await async_put(std::move(value), asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == queue_errc::shut_down) {
+      throw queue_shut_down("sluice::queue::put: the queue was shut down");
+    }
+    if (ec) throw std::system_error(ec);
+  }
+
+  /// Takes the oldest item, waiting for one. Completion signature
+  /// `void(std::error_code, T)` (needs a default-constructible `T` for the
+  /// error case): `queue_errc::shut_down` when shut down and empty,
+  /// `operation_aborted` if cancelled or destroyed.
+  template <asio::completion_token_for<void(std::error_code, T)> CompletionToken>
+  requires std::default_initializable<T>
+  auto async_get(CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(std::error_code, T)>(
+        [self = this](auto&& handler) {
+          self->template initiate_get<detail::deliver_item<T>>(
+              std::forward<decltype(handler)>(handler), "sluice::queue::async_get");
+        },
+        token);
+  }
+
+  /// Takes the oldest item, waiting for one; does not suspend when there is
+  /// one. Throws `queue_shut_down` when shut down and empty, and
+  /// `std::system_error(operation_aborted)` if cancelled (no item is lost).
+  [[nodiscard]] asio::awaitable<T> get() {
+    if (!items_.empty()) {
+      affinity_.check("sluice::queue");
+      co_return *take_front();
+    }
+    if (shut_down_) throw queue_shut_down("sluice::queue::get: the queue was shut down");
+    auto state = co_await asio::this_coro::cancellation_state;
+    const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
+    std::error_code ec;
+    auto token = asio::redirect_error(asio::use_awaitable, ec);
+    std::optional<T> item =
+        co_await asio::async_initiate<decltype(token), void(std::error_code, std::optional<T>)>(
+            [self = this](auto&& handler) {
+              self->template initiate_get<detail::deliver_optional<T>>(
+                  std::forward<decltype(handler)>(handler), "sluice::queue::get");
+            },
+            token);
+    if (ec == queue_errc::shut_down) {
+      throw queue_shut_down("sluice::queue::get: the queue was shut down");
+    }
+    if (ec) throw std::system_error(ec);
+    if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+      give_back(std::move(*item));
+      throw std::system_error(asio::error::operation_aborted);
+    }
+    co_return std::move(*item);
+  }
+
+  /// Marks one item taken earlier as processed. Throws `std::logic_error` if
+  /// called more times than items were put.
+  void task_done() {
+    affinity_.check("sluice::queue");
+    if (unfinished_ == 0) {
+      throw std::logic_error(
+          "sluice::queue::task_done: called more times than there were items put");
+    }
+    if (--unfinished_ == 0) wake_joiners();
+  }
+
+  /// Waits until every item put has been marked `task_done()`. Completion
+  /// signature `void(std::error_code)`; `operation_aborted` if cancelled or
+  /// destroyed.
+  template <asio::completion_token_for<void(std::error_code)> CompletionToken>
+  auto async_join(CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(std::error_code)>(
+        [this](auto&& handler) {
+          affinity_.check("sluice::queue");
+          affinity_.bind(asio::get_associated_executor(handler, ex_));
+          detail::start_wait<detail::wait_op, detail::deliver_nothing>(
+              std::forward<decltype(handler)>(handler), ex_, "sluice::queue::async_join", joiners_,
+              unfinished_ == 0, true);
+        },
+        token);
+  }
+
+  /// Waits until every item put has been marked done; does not suspend if
+  /// none is unfinished.
+  [[nodiscard]] asio::awaitable<void> join() {
+    if (unfinished_ == 0) co_return;
+    co_await async_join(asio::use_awaitable);
+  }
+
+  /// Shuts the queue down (Python 3.13): later puts fail, waiting putters fail,
+  /// gets drain what is left and then fail with `queue_shut_down`.
+  /// `immediate` drops the items now, counting each as done for `join()`.
+  void shutdown(bool immediate = false) {
+    affinity_.check("sluice::queue");
+    shut_down_ = true;
+    if (immediate) {
+      immediate_ = true;
+      while (!items_.empty()) {
+        items_.pop_front();
+        if (unfinished_ > 0) --unfinished_;
+      }
+      if (unfinished_ == 0) wake_joiners();
+    }
+    const std::error_code ec = queue_errc::shut_down;
+    // Getters wait only while the queue is empty.
+    while (detail::waiter_node* n = getters_.pop_front())
+      static_cast<detail::wait_op*>(n)->complete(ec);
+    while (detail::waiter_node* n = putters_.pop_front())
+      static_cast<detail::wait_op*>(n)->complete(ec);
+  }
+
+  /// Items in the queue now.
+  [[nodiscard]] std::size_t size() const noexcept { return items_.size(); }
+  /// True when there is no item.
+  [[nodiscard]] bool empty() const noexcept { return items_.empty(); }
+  /// True when bounded and `size() >= maxsize()`.
+  [[nodiscard]] bool full() const noexcept { return maxsize_ > 0 && items_.size() >= maxsize_; }
+  /// The bound given at construction (0 = unbounded).
+  [[nodiscard]] std::size_t maxsize() const noexcept { return maxsize_; }
+  /// True after `shutdown()`.
+  [[nodiscard]] bool is_shut_down() const noexcept { return shut_down_; }
+  /// Items put and not yet marked `task_done()`.
+  [[nodiscard]] std::size_t unfinished_tasks() const noexcept { return unfinished_; }
+  /// Operations waiting in `get` now.
+  [[nodiscard]] std::size_t getters() const noexcept { return getters_.size(); }
+  /// Operations waiting in `put` now.
+  [[nodiscard]] std::size_t putters() const noexcept { return putters_.size(); }
+  /// Operations waiting in `get` or `put` now.
+  [[nodiscard]] std::size_t waiters() const noexcept { return getters_.size() + putters_.size(); }
+  /// The most operations that ever waited in `get` (or in `put`) at once.
+  [[nodiscard]] std::size_t max_waiters() const noexcept {
+    return getters_.max_size() > putters_.max_size() ? getters_.max_size() : putters_.max_size();
+  }
+
+ private:
+  bool can_put_now() const noexcept { return !getters_.empty() || !full(); }
+
+  // Precondition: not shut down. Moves from `v` only when it returns true.
+  bool put_now(T& v) {
+    if (detail::waiter_node* n = getters_.pop_front()) {
+      // A getter waits only while the queue is empty: hand the item over.
+      auto* g = static_cast<detail::get_node<T>*>(n);
+      g->item.emplace(std::move(v));
+      ++unfinished_;
+      g->complete(std::error_code{});
+      return true;
+    }
+    if (full()) return false;
+    items_.push_back(std::move(v));
+    ++unfinished_;
+    return true;
+  }
+
+  bool try_put_value(T& v) {
+    affinity_.check("sluice::queue");
+    if (shut_down_) throw queue_shut_down("sluice::queue::put: the queue was shut down");
+    return put_now(v);
+  }
+
+  // Precondition: !items_.empty().
+  std::optional<T> take_front() {
+    std::optional<T> v(std::move(items_.front()));
+    items_.pop_front();
+    if (!full()) {
+      if (detail::waiter_node* n = putters_.pop_front()) {
+        auto* p = static_cast<detail::put_node<T>*>(n);
+        items_.push_back(std::move(*p->item));
+        p->item.reset();
+        ++unfinished_;
+        p->complete(std::error_code{});
+      }
+    }
+    return v;
+  }
+
+  // An item granted to a get() whose coroutine was cancelled before resuming.
+  void give_back(T&& v) {
+    if (immediate_) {
+      if (unfinished_ > 0 && --unfinished_ == 0) wake_joiners();
+      return;
+    }
+    if (detail::waiter_node* n = getters_.pop_front()) {
+      auto* g = static_cast<detail::get_node<T>*>(n);
+      g->item.emplace(std::move(v));
+      g->complete(std::error_code{});
+      return;
+    }
+    items_.push_front(std::move(v));
+  }
+
+  template <class Deliver, class Handler>
+  void initiate_get(Handler&& handler, const char* what) {
+    affinity_.check("sluice::queue");
+    affinity_.bind(asio::get_associated_executor(handler, ex_));
+    using node = detail::get_node<T>;
+    if (!items_.empty()) {
+      detail::require_executor<std::decay_t<Handler>>(ex_, what);
+      detail::start_wait<node, Deliver>(std::forward<Handler>(handler), ex_, what, getters_, true,
+                                        true, std::move(*take_front()));
+      return;
+    }
+    if (shut_down_) {
+      start_failed<node, Deliver>(std::forward<Handler>(handler), what);
+      return;
+    }
+    detail::start_wait<node, Deliver>(std::forward<Handler>(handler), ex_, what, getters_, false,
+                                      true);
+  }
+
+  // Completes a new operation at once (through a post) with shut_down.
+  template <class Node, class Deliver, class Handler, class... NodeArgs>
+  void start_failed(Handler&& handler, const char* what, NodeArgs&&... args) {
+    detail::waiter_list scratch;
+    detail::start_wait<Node, Deliver>(std::forward<Handler>(handler), ex_, what, scratch, false,
+                                      false, std::forward<NodeArgs>(args)...);
+    static_cast<detail::wait_op*>(scratch.pop_front())->complete(queue_errc::shut_down);
+  }
+
+  void wake_joiners() {
+    while (detail::waiter_node* n = joiners_.pop_front()) {
+      static_cast<detail::wait_op*>(n)->complete(std::error_code{});
+    }
+  }
+
+  asio::any_io_executor ex_;
+  std::deque<T> items_;
+  detail::waiter_list getters_;
+  detail::waiter_list putters_;
+  detail::waiter_list joiners_;
+  std::size_t maxsize_;
+  std::size_t unfinished_ = 0;
+  bool shut_down_ = false;
+  bool immediate_ = false;
+  [[no_unique_address]] detail::affinity affinity_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_QUEUE_HPP
