@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: BSL-1.0
+// The cost of sluice's synchronization primitives, each case beside the raw
+// Asio baseline it is measured against, in the same process:
+//
+//   nested_co_await               co_await of a trivial awaitable (the floor)
+//   semaphore_uncontended         co_await sem.acquire(); sem.release();   (target <= 2x floor)
+//   lock_uncontended              the same on sluice::lock
+//   post_round_trip               co_await asio::post(use_awaitable)       (one trip through the
+//   loop) semaphore_handoff             two coroutines ping-pong through two semaphores;
+//                                 `per_handoff` is the time of one release -> waiter resumed
+//                                 (target <= one post round trip)
+//   event_set_wakes_100k          event::set() waking 100,000 waiters; `per_waiter`
+//
+// The same three measurements in Python asyncio: benchmarks/primitives_asyncio.py.
+// `make bench` runs both.
+
+#include <sluice/event.hpp>
+#include <sluice/lock.hpp>
+#include <sluice/semaphore.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <cstddef>
+#include <exception>
+#include <functional>
+
+namespace {
+
+void rethrow(std::exception_ptr e) {
+  if (e) std::rethrow_exception(e);
+}
+
+// Runs `body(state)` as one coroutine on a fresh io_context; the coroutine
+// drives the benchmark loop itself.
+void run_coroutine(benchmark::State& state,
+                   std::function<asio::awaitable<void>(benchmark::State&)> body) {
+  asio::io_context ctx(1);
+  asio::co_spawn(ctx, body(state), rethrow);
+  ctx.run();
+}
+
+asio::awaitable<void> trivial() {
+  co_return;
+}
+
+void nested_co_await(benchmark::State& state) {
+  run_coroutine(state, [](benchmark::State& s) -> asio::awaitable<void> {
+    for (auto _ : s) co_await trivial();
+  });
+}
+BENCHMARK(nested_co_await);
+
+void semaphore_uncontended(benchmark::State& state) {
+  run_coroutine(state, [](benchmark::State& s) -> asio::awaitable<void> {
+    sluice::semaphore sem{1};
+    for (auto _ : s) {
+      co_await sem.acquire();
+      sem.release();
+    }
+  });
+}
+BENCHMARK(semaphore_uncontended);
+
+void lock_uncontended(benchmark::State& state) {
+  run_coroutine(state, [](benchmark::State& s) -> asio::awaitable<void> {
+    sluice::lock l;
+    for (auto _ : s) {
+      co_await l.acquire();
+      l.release();
+    }
+  });
+}
+BENCHMARK(lock_uncontended);
+
+void post_round_trip(benchmark::State& state) {
+  run_coroutine(state, [](benchmark::State& s) -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    for (auto _ : s) co_await asio::post(ex, asio::use_awaitable);
+  });
+  state.counters["per_post"] =
+      benchmark::Counter(static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(post_round_trip);
+
+void semaphore_handoff(benchmark::State& state) {
+  asio::io_context ctx(1);
+  sluice::semaphore ping{0}, pong{0};
+  bool stop = false;
+  // B: waits for ping, answers with pong.
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        for (;;) {
+          co_await ping.acquire();
+          if (stop) co_return;
+          pong.release();
+        }
+      },
+      rethrow);
+  // A: drives the loop; each iteration is two hand-offs.
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        for (auto _ : state) {
+          ping.release();
+          co_await pong.acquire();
+        }
+        stop = true;
+        ping.release();
+      },
+      rethrow);
+  ctx.run();
+  state.counters["per_handoff"] =
+      benchmark::Counter(2.0 * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(semaphore_handoff);
+
+void event_set_wakes_100k(benchmark::State& state) {
+  constexpr std::size_t waiters = 100'000;
+  asio::io_context ctx(1);
+  std::size_t woken = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    sluice::event ev;
+    for (std::size_t i = 0; i < waiters; ++i) {
+      asio::co_spawn(
+          ctx,
+          [&]() -> asio::awaitable<void> {
+            co_await ev.wait();
+            ++woken;
+          },
+          rethrow);
+    }
+    ctx.restart();
+    ctx.poll();  // every waiter is now parked on the event
+    state.ResumeTiming();
+    ev.set();
+    ctx.restart();
+    ctx.poll();  // every waiter resumed
+  }
+  if (woken != waiters * state.iterations()) state.SkipWithError("not every waiter woke");
+  state.counters["per_waiter"] =
+      benchmark::Counter(static_cast<double>(waiters * state.iterations()),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(event_set_wakes_100k)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
