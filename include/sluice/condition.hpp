@@ -44,14 +44,19 @@ namespace sluice {
 /// Per-Operation Cancellation: `wait()` reacts to the coroutine's cancellation
 /// (terminal, partial, total). Whatever happens, it re-acquires the lock before
 /// it returns or throws, even when cancelled, and then throws
-/// `std::system_error(operation_aborted)`. A notification that reached a waiter
-/// cancelled before it resumed is passed on to the next waiter, never lost.
+/// `std::system_error(operation_aborted)`. A waiter that was notified but
+/// cancelled before `wait()` returned (still queued for the coroutine's turn,
+/// or re-acquiring the lock) passes its notification on to the next waiter,
+/// so a `notify()` racing with a cancellation is never lost.
 /// `wait()` is an awaitable only (no `async_wait(token)`): its uncancellable
 /// re-acquire needs the coroutine's `throw_if_cancelled` control.
 ///
 /// Throws: `wait()` / `notify()` / `notify_all()` without the lock held throw
 /// `std::logic_error`. Destroying a condition with waiters completes them with
 /// `operation_aborted` (a shared lock must outlive the condition).
+///
+/// Loop-affine and not thread-safe; debug builds abort on use from a thread
+/// that is not running its loop (see `semaphore` for exactly what is checked).
 ///
 /// @code
 /// sluice::condition cv;

@@ -38,6 +38,9 @@ namespace sluice {
 /// `asio::error::operation_aborted`. Destroying an event with waiters completes
 /// them with `operation_aborted`.
 ///
+/// Loop-affine and not thread-safe; debug builds abort on use from a thread
+/// that is not running its loop (see `semaphore` for exactly what is checked).
+///
 /// @code
 /// sluice::event stop;
 /// auto worker = [&]() -> asio::awaitable<void> {

@@ -43,6 +43,9 @@ class condition;
 /// Throws: `release()` of an unlocked lock throws `std::logic_error`.
 /// Destroying a lock with waiters completes them with `operation_aborted`.
 ///
+/// Loop-affine and not thread-safe; debug builds abort on use from a thread
+/// that is not running its loop (see `semaphore` for exactly what is checked).
+///
 /// @code
 /// sluice::lock token_lock;
 /// auto token = [&]() -> asio::awaitable<std::string> {

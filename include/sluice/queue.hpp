@@ -137,6 +137,9 @@ struct deliver_optional {
 /// `std::logic_error`. Destroying a queue with waiters completes them with
 /// `operation_aborted`.
 ///
+/// Loop-affine and not thread-safe; debug builds abort on use from a thread
+/// that is not running its loop (see `semaphore` for exactly what is checked).
+///
 /// @code
 /// sluice::queue<job> jobs{100};                     // put() waits when full
 /// auto worker = [&]() -> asio::awaitable<void> {

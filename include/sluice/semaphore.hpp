@@ -45,8 +45,18 @@ namespace sluice {
 /// timeout (`awaitable_operators ||`) never loses a permit.
 ///
 /// Destroying a semaphore that still has waiters completes them with
-/// `operation_aborted`. Outstanding permits must not outlive it. Loop-affine,
-/// not thread-safe: see `SLUICE_AFFINITY_CHECKS` for what debug builds check.
+/// `operation_aborted`. Outstanding permits must not outlive it.
+///
+/// Loop-affine, not thread-safe. With `SLUICE_AFFINITY_CHECKS` (debug builds)
+/// every primitive (lock, semaphore, event, condition, queue) checks each
+/// mutating or waiting call: once it knows its `asio::io_context` (from the
+/// executor it was built with, else from the first waiting handler's
+/// executor: io_context executors, strands of them, or an `any_io_executor`
+/// holding either), a call from a thread that is not running that io_context,
+/// other than the thread that last ran it, aborts with a message naming the
+/// primitive. Set-up before the loop first runs, and use from the loop's own
+/// thread between `run()` calls, are accepted; destructors and the const
+/// diagnostics are not checked.
 ///
 /// @code
 /// sluice::semaphore sem{5};                 // at most 5 calls in flight
