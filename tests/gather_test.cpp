@@ -7,6 +7,7 @@
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/strand.hpp>
 
 #include <catch2/catch.hpp>
 #include <support/lazy_tasks.hpp>
@@ -410,4 +411,61 @@ TEST_CASE("immediately completing tasks all run and keep their order", "[gather]
   });
   REQUIRE(r.size() == 1000);
   for (int i = 0; i < 1000; ++i) REQUIRE(r[static_cast<std::size_t>(i)] == i);
+}
+
+TEST_CASE("a cancelled sibling's cleanup finishes before gather rethrows", "[gather]") {
+  virtual_loop loop;
+  bool cleaned_up = false;
+  auto slow_cleanup = [&]() -> asio::awaitable<int> {
+    std::exception_ptr cancelled;
+    try {
+      co_await sluice::sleep(10s);
+    } catch (const std::system_error&) {
+      cancelled = std::current_exception();
+    }
+    // Cancelled: release resources, which takes time of its own.
+    co_await asio::this_coro::reset_cancellation_state();
+    co_await sluice::sleep(500ms);
+    cleaned_up = true;
+    if (cancelled) std::rethrow_exception(cancelled);
+    co_return 0;
+  };
+  bool cleaned_when_rethrown = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<int>> v;
+    v.push_back(slow_cleanup());
+    v.push_back(fail_after(1s, "boom"));
+    try {
+      co_await sluice::gather_with_concurrency(2, std::move(v));
+    } catch (const std::runtime_error&) {
+      cleaned_when_rethrown = cleaned_up;
+    }
+  });
+  CHECK(cleaned_when_rethrown);
+  CHECK(loop.now() == 1500ms);
+}
+
+TEST_CASE("tasks run on the awaiting coroutine's executor", "[gather]") {
+  virtual_loop loop;
+  auto strand = asio::make_strand(loop.get_executor());
+  std::size_t on_strand = 0;
+  auto probe = [&]() -> asio::awaitable<int> {
+    co_await sluice::sleep(1ms);
+    on_strand += strand.running_in_this_thread() ? 1 : 0;
+    co_return 1;
+  };
+  std::vector<int> r;
+  asio::co_spawn(
+      strand,
+      [&]() -> asio::awaitable<void> {
+        std::vector<asio::awaitable<int>> v;
+        for (int i = 0; i < 6; ++i) v.push_back(probe());
+        r = co_await sluice::gather_with_concurrency(3, std::move(v));
+      },
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+  loop.run_for(1s);
+  CHECK(r.size() == 6);
+  CHECK(on_strand == 6);
 }

@@ -6,6 +6,7 @@
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
+#include <asio/strand.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -117,4 +118,25 @@ TEST_CASE("sleep waits on the steady clock on an ordinary io_context", "[time]")
   asio::co_spawn(ctx, sluice::sleep(1ms), [&](std::exception_ptr e) { done = !e; });
   ctx.run();
   CHECK(done);
+}
+
+TEST_CASE("sleep works on a strand, a reference-counted executor", "[time]") {
+  // Guards against g++ 12 destroying co_await temporaries twice, which
+  // over-releases a strand's shared state.
+  virtual_loop loop;
+  auto strand = asio::make_strand(loop.get_executor());
+  int woke = 0;
+  for (int i = 0; i < 3; ++i) {
+    asio::co_spawn(
+        strand,
+        [&]() -> asio::awaitable<void> {
+          co_await sluice::sleep(1s);
+          woke += strand.running_in_this_thread() ? 1 : 0;
+        },
+        [](std::exception_ptr e) {
+          if (e) std::rethrow_exception(e);
+        });
+  }
+  loop.run_for(2s);
+  CHECK(woke == 3);
 }

@@ -110,8 +110,11 @@ template <class Executor>
 asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_service* v,
                                            clock::time_point deadline) {
   if (v) {
+    // Named, not a temporary of the co_await expression: g++ 12 destroys such
+    // temporaries twice, which over-releases a ref-counted executor (a strand).
+    initiate_virtual_sleep<Executor> initiation{ex, v};
     co_await asio::async_initiate<const asio::use_awaitable_t<Executor>&, void(std::error_code)>(
-        initiate_virtual_sleep<Executor>{ex, v}, asio::use_awaitable_t<Executor>{}, deadline);
+        std::move(initiation), asio::use_awaitable_t<Executor>{}, deadline);
   } else {
     asio::basic_waitable_timer<clock, asio::wait_traits<clock>, Executor> timer(ex, deadline);
     co_await timer.async_wait(asio::use_awaitable_t<Executor>{});
