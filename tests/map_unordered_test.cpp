@@ -6,6 +6,7 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/strand.hpp>
 
 #include <catch2/catch.hpp>
 #include <support/recorded_input.hpp>
@@ -683,4 +684,30 @@ TEST_CASE("misuse is rejected by the concepts", "[map_unordered]") {
   STATIC_REQUIRE_FALSE(sluice::fan_out_function<int, std::vector<int>>);
   STATIC_REQUIRE_FALSE(sluice::fan_out_function<decltype(fn), std::vector<std::string>>);
   STATIC_REQUIRE(sluice::fan_out_input<sluice::stream<int>>);
+}
+
+TEST_CASE("map_unordered runs its tasks on a strand when the consumer runs on one",
+          "[map_unordered]") {
+  virtual_loop loop;
+  auto strand = asio::make_strand(loop.get_executor());
+  std::size_t on_strand = 0;
+  int sum = 0;
+  auto task = [&](int i) -> asio::awaitable<int> {
+    co_await sluice::sleep(std::chrono::milliseconds(10 * (i % 3 + 1)));
+    on_strand += strand.running_in_this_thread() ? 1 : 0;
+    co_return i;
+  };
+  asio::co_spawn(
+      strand,
+      [&]() -> asio::awaitable<void> {
+        std::vector<int> in{1, 2, 3, 4, 5, 6, 7, 8};
+        auto s = sluice::map_unordered(task, in, 3);
+        while (auto r = co_await s.next()) sum += *r;
+      },
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+  loop.run_for(1s);
+  CHECK(sum == 36);
+  CHECK(on_strand == 8);
 }

@@ -9,6 +9,7 @@
 #include <asio/bind_executor.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/post.hpp>
+#include <asio/strand.hpp>
 #include <asio/use_future.hpp>
 
 #include <catch2/catch.hpp>
@@ -435,3 +436,31 @@ TEST_CASE("the loop thread may keep using a primitive between runs", "[semaphore
   CHECK_FALSE(r.aborted);
 }
 #endif
+
+TEST_CASE("waiters on a strand are handed permits and resume on the strand", "[semaphore]") {
+  sluice::testing::virtual_loop loop;
+  auto strand = asio::make_strand(loop.get_executor());
+  sluice::semaphore sem{strand, 1};
+  int resumed_on_strand = 0;
+  std::vector<std::chrono::nanoseconds> acquired_at;
+  for (int i = 0; i < 4; ++i) {
+    asio::co_spawn(
+        strand,
+        [&]() -> asio::awaitable<void> {
+          auto permit = co_await sem.scoped_acquire();
+          resumed_on_strand += strand.running_in_this_thread() ? 1 : 0;
+          acquired_at.push_back(loop.now());
+          co_await sluice::sleep(std::chrono::seconds(1));
+        },
+        [](std::exception_ptr e) {
+          if (e) std::rethrow_exception(e);
+        });
+  }
+  loop.run_for(std::chrono::seconds(10));
+  CHECK(resumed_on_strand == 4);
+  using std::chrono::seconds;
+  CHECK(acquired_at ==
+        std::vector<std::chrono::nanoseconds>{seconds(0), seconds(1), seconds(2), seconds(3)});
+  CHECK(sem.value() == 1);
+  CHECK(sem.waiters() == 0);
+}

@@ -127,7 +127,9 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
       // Start from a post, not inline in co_spawn: the spawning worker starts
       // its own task first, so tasks start in input order, and nothing runs
       // re-entrantly inside kick().
-      co_await asio::post(c->executor(), asio::use_awaitable_t<executor_type>{});
+      // (The executor is named: g++ 12 may destroy co_await temporaries twice.)
+      const executor_type ex = c->executor();
+      co_await asio::post(ex, asio::use_awaitable_t<executor_type>{});
       c->worker_started();
       while (!c->ending()) {
         if (!c->may_pull()) {

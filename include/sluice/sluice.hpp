@@ -11,8 +11,17 @@
 #include <sluice/concepts.hpp>
 #include <sluice/outcome.hpp>
 
-// Fan-out
+// Fan-out: gather, gather_with_concurrency, map_unordered, as_completed
 #include <sluice/gather.hpp>
+#include <sluice/map_unordered.hpp>
+#include <sluice/stream.hpp>
+
+// Synchronization primitives (loop-affine, FIFO, cancellation-safe)
+#include <sluice/condition.hpp>
+#include <sluice/event.hpp>
+#include <sluice/lock.hpp>
+#include <sluice/queue.hpp>
+#include <sluice/semaphore.hpp>
 
 // Time
 #include <sluice/time.hpp>

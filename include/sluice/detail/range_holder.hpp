@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 
 #include <memory>
+#include <optional>
 #include <ranges>
 #include <type_traits>
 #include <utility>
@@ -35,32 +36,41 @@ class range_holder<R&> {
   R* r_;
 };
 
-// The iteration state of a held range, advanced one element at a time.
+// The iteration state of a held range, advanced one element at a time. The
+// range's begin() is called at the first pull, not when the cursor is made,
+// so a fan-out that is never awaited does no work on its input.
 template <class R>
 class range_cursor {
   using range_type = std::remove_reference_t<R>;
 
  public:
-  explicit range_cursor(R&& r)
-      : holder_(std::forward<R>(r)),
-        it_(std::ranges::begin(holder_.get())),
-        end_(std::ranges::end(holder_.get())) {}
+  explicit range_cursor(R&& r) : holder_(std::forward<R>(r)) {}
   range_cursor(const range_cursor&) = delete;
   range_cursor& operator=(const range_cursor&) = delete;
 
-  bool done() const { return it_ == end_; }
-  range_type& range() noexcept { return holder_.get(); }
-  // Moves the current element out and advances.
+  bool done() {
+    begin_once();
+    return *it_ == *end_;
+  }
+  // Moves the current element out and advances. Precondition: !done().
   auto take() {
-    auto value = std::ranges::iter_move(it_);
-    ++it_;
+    begin_once();
+    auto value = std::ranges::iter_move(*it_);
+    ++*it_;
     return value;
   }
+  range_type& range() noexcept { return holder_.get(); }
 
  private:
+  void begin_once() {
+    if (it_) return;
+    it_.emplace(std::ranges::begin(holder_.get()));
+    end_.emplace(std::ranges::end(holder_.get()));
+  }
+
   range_holder<R> holder_;
-  std::ranges::iterator_t<range_type> it_;
-  std::ranges::sentinel_t<range_type> end_;
+  std::optional<std::ranges::iterator_t<range_type>> it_;
+  std::optional<std::ranges::sentinel_t<range_type>> end_;
 };
 
 }  // namespace sluice::detail
