@@ -168,7 +168,7 @@ TEST_CASE("destroying an event with waiters completes them with operation_aborte
   CHECK(a.cancelled());
 }
 
-#if SLUICE_AFFINITY_CHECKS
+#if SLUICE_AFFINITY_CHECKS && SLUICE_TEST_CAN_FORK
 TEST_CASE("an event used from a thread that is not running its loop aborts naming it",
           "[event][affinity]") {
   auto r = sluice_test::run_in_child([] {

@@ -234,7 +234,7 @@ TEST_CASE("destroying a lock with waiters completes them with operation_aborted"
   CHECK(a.cancelled());
 }
 
-#if SLUICE_AFFINITY_CHECKS
+#if SLUICE_AFFINITY_CHECKS && SLUICE_TEST_CAN_FORK
 TEST_CASE("a lock used from a thread that is not running its loop aborts naming it",
           "[lock][affinity]") {
   auto r = sluice_test::run_in_child([] {

@@ -445,7 +445,7 @@ TEST_CASE("destroying a queue with waiters completes them with operation_aborted
   CHECK(getter.cancelled());
 }
 
-#if SLUICE_AFFINITY_CHECKS
+#if SLUICE_AFFINITY_CHECKS && SLUICE_TEST_CAN_FORK
 TEST_CASE("a queue used from a thread that is not running its loop aborts naming it",
           "[queue][affinity]") {
   auto r = sluice_test::run_in_child([] {

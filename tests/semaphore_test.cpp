@@ -412,6 +412,7 @@ TEST_CASE("the affinity check accepts the loop thread and flags another thread",
   CHECK(a.violated());  // the loop ran it on loop_thread, this is another thread
 }
 
+#if SLUICE_TEST_CAN_FORK
 TEST_CASE("a semaphore used from a thread that is not running its loop aborts naming it",
           "[semaphore][affinity]") {
   auto r = sluice_test::run_in_child([] {
@@ -435,6 +436,7 @@ TEST_CASE("the loop thread may keep using a primitive between runs", "[semaphore
   });
   CHECK_FALSE(r.aborted);
 }
+#endif  // SLUICE_TEST_CAN_FORK
 #endif
 
 TEST_CASE("waiters on a strand are handed permits and resume on the strand", "[semaphore]") {
