@@ -469,3 +469,21 @@ TEST_CASE("tasks run on the awaiting coroutine's executor", "[gather]") {
   CHECK(r.size() == 6);
   CHECK(on_strand == 6);
 }
+
+TEST_CASE("variadic gather with return_exceptions settles every task into a tuple of outcomes",
+          "[gather]") {
+  slow_service svc({.latency = latency::fixed(2s)});
+  virtual_loop loop;
+  auto [a, b, c] = loop.run(
+      [&]() -> asio::awaitable<
+                std::tuple<sluice::outcome<int>, sluice::outcome<int>, sluice::outcome<void>>> {
+        co_return co_await sluice::gather(call_returning(svc, 7), fail_after(1s, "bad"), svc.call(),
+                                          sluice::return_exceptions);
+      });
+  REQUIRE(a.has_value());
+  CHECK(*a == 7);
+  CHECK_THROWS_WITH(b.value(), "bad");
+  CHECK(c.has_value());
+  CHECK(svc.cancellations() == 0);  // the failure cancelled nothing
+  CHECK(loop.now() == 2s);
+}

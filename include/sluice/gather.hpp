@@ -200,6 +200,45 @@ asio::awaitable<std::tuple<gather_value_t<T>...>, Executor> gather_tuple(
   co_return std::tuple<gather_value_t<T>...>(std::move(*std::get<I>(slots))...);
 }
 
+template <class T, class Executor>
+asio::awaitable<void, Executor> store_outcome_into(asio::awaitable<T, Executor> task,
+                                                   std::optional<outcome<T>>& slot) {
+  try {
+    if constexpr (std::is_void_v<T>) {
+      co_await std::move(task);
+      slot.emplace();
+    } else {
+      slot.emplace(co_await std::move(task));
+    }
+  } catch (...) {
+    slot.emplace(std::current_exception());
+  }
+}
+
+template <class Executor, class... T, std::size_t... I>
+asio::awaitable<std::tuple<outcome<T>...>, Executor> gather_tuple_settled(
+    std::index_sequence<I...>, asio::awaitable<T, Executor>... tasks) {
+  std::tuple<std::optional<outcome<T>>...> slots;
+  std::vector<asio::awaitable<void, Executor>> wrapped;
+  wrapped.reserve(sizeof...(T));
+  (wrapped.push_back(store_outcome_into(std::move(tasks), std::get<I>(slots))), ...);
+  co_await start_gather<false>(sizeof...(T), std::move(wrapped));
+  co_return std::tuple<outcome<T>...>(std::move(*std::get<I>(slots))...);
+}
+
+// The last of a pack is the return_exceptions tag.
+template <class... A>
+concept ends_with_return_exceptions =
+    (sizeof...(A) >= 2) &&
+    std::is_same_v<std::remove_cvref_t<std::tuple_element_t<sizeof...(A) - 1, std::tuple<A...>>>,
+                   return_exceptions_t>;
+
+template <class Tuple, std::size_t... I>
+auto settle_tuple(Tuple&& args, std::index_sequence<I...> seq) {
+  using first = std::remove_cvref_t<std::tuple_element_t<0, std::remove_cvref_t<Tuple>>>;
+  return gather_tuple_settled<task_executor_t<first>>(seq, std::move(std::get<I>(args))...);
+}
+
 template <class>
 inline constexpr bool dependent_false = false;
 
@@ -278,6 +317,23 @@ requires(sizeof...(T) > 0)
     [[nodiscard]] asio::awaitable<std::tuple<detail::gather_value_t<T>...>, Executor> gather(
         asio::awaitable<T, Executor>... tasks) {
   return detail::gather_tuple<Executor>(std::index_sequence_for<T...>{}, std::move(tasks)...);
+}
+
+/// Settling variadic `gather`: `gather(a(), b(), sluice::return_exceptions)`
+/// runs every task to the end and returns a `std::tuple` of `outcome`s
+/// (`outcome<void>` for a `void` task). Nothing is cancelled when one fails;
+/// cancelling the caller still cancels all and throws `operation_aborted`.
+///
+/// @code
+/// auto [user, orders] = co_await sluice::gather(fetch_user(id), fetch_orders(id),
+///                                               sluice::return_exceptions);
+/// if (!orders) log(orders.error());
+/// @endcode
+template <class First, class... A>
+requires task<First> && detail::ends_with_return_exceptions<First, A...>
+[[nodiscard]] auto gather(First&& first, A&&... rest) {
+  auto all = std::forward_as_tuple(std::forward<First>(first), std::forward<A>(rest)...);
+  return detail::settle_tuple(std::move(all), std::make_index_sequence<sizeof...(A)>{});
 }
 
 /// Misuse: a range whose elements are not `asio::awaitable<T>`.

@@ -66,21 +66,15 @@ class virtual_loop {
   /// destroyed with the loop).
   template <class T>
   T run(asio::awaitable<T, asio::any_io_executor> main) {
+    // The result is stored by a wrapper, so T need not be default
+    // constructible (asio::co_spawn would require it).
     std::optional<std::conditional_t<std::is_void_v<T>, char, T>> value;
     std::exception_ptr error;
     bool done = false;
-    if constexpr (std::is_void_v<T>) {
-      asio::co_spawn(ctx_, std::move(main), [&](std::exception_ptr e) {
-        error = e;
-        done = true;
-      });
-    } else {
-      asio::co_spawn(ctx_, std::move(main), [&](std::exception_ptr e, T v) {
-        error = e;
-        if (!e) value.emplace(std::move(v));
-        done = true;
-      });
-    }
+    asio::co_spawn(ctx_, store(std::move(main), value), [&](std::exception_ptr e) {
+      error = e;
+      done = true;
+    });
     drive([&] { return done; }, clock::time_point::max());
     if (error) std::rethrow_exception(error);
     if constexpr (!std::is_void_v<T>) return std::move(*value);
@@ -103,6 +97,16 @@ class virtual_loop {
   void poll() { drain(); }
 
  private:
+  template <class T, class Slot>
+  static asio::awaitable<void> store(asio::awaitable<T, asio::any_io_executor> main, Slot& slot) {
+    if constexpr (std::is_void_v<T>) {
+      co_await std::move(main);
+      slot.emplace('\0');
+    } else {
+      slot.emplace(co_await std::move(main));
+    }
+  }
+
   void drain() {
     for (;;) {
       ctx_.restart();
