@@ -54,6 +54,14 @@ concept task_range = std::ranges::input_range<R> && task<std::ranges::range_valu
 
 /// An asynchronous source: `next()` returns `asio::awaitable<std::optional<U>>`,
 /// empty at the end. `sluice::stream<T>` is one.
+///
+/// @code
+/// struct pages {  // a paginated listing API as a source of keys
+///   asio::awaitable<std::optional<std::string>> next();
+/// };
+/// static_assert(sluice::async_source<pages>);
+/// auto downloads = sluice::map_unordered(download, pages{...}, 5);
+/// @endcode
 template <class S>
 concept async_source = requires(S& s) {
   { s.next() } -> task;
