@@ -300,3 +300,159 @@ TEST_CASE("destroying a condition with waiters completes them with operation_abo
   CHECK(t.cancelled());
   CHECK(locked_after);
 }
+
+// ---------------------------------------------------------------------------
+// Adversarial review: notify racing cancellation; destruction.
+
+TEST_CASE("notify skips waiters cancelled earlier in the same turn", "[condition]") {
+  tasks_on_loop h;
+  sluice::condition cv;
+  std::vector<int> out;
+  std::vector<sluice_test::task*> t;
+  for (int i = 1; i <= 4; ++i) {
+    t.push_back(&h.spawn([&, i]() -> asio::awaitable<void> {
+      auto g = co_await cv.scoped_acquire();
+      co_await cv.wait();
+      out.push_back(i);
+    }));
+  }
+  h.poll();
+  CHECK(cv.waiters() == 4);
+  t[0]->cancel();
+  t[2]->cancel();
+  CHECK(cv.waiters() == 2);  // removed at once
+  REQUIRE(cv.get_lock().try_acquire());
+  cv.notify(1);  // reaches 2, not the cancelled 1
+  CHECK(cv.waiters() == 1);
+  cv.release();
+  h.poll();
+  CHECK(t[0]->cancelled());
+  CHECK(t[2]->cancelled());
+  CHECK(out == std::vector<int>{2});
+  CHECK(cv.waiters() == 1);
+  CHECK_FALSE(cv.locked());
+  REQUIRE(cv.get_lock().try_acquire());
+  cv.notify(5);
+  cv.release();
+  h.poll();
+  CHECK(out == std::vector<int>{2, 4});
+  CHECK(t[3]->succeeded());
+  CHECK_FALSE(cv.locked());
+}
+
+TEST_CASE("notify(2) racing with the cancellation of both notified waiters reaches the rest",
+          "[condition]") {
+  tasks_on_loop h;
+  sluice::condition cv;
+  std::vector<int> out;
+  std::vector<sluice_test::task*> t;
+  std::vector<bool> held_when_thrown(4, false);
+  for (int i = 0; i < 4; ++i) {
+    t.push_back(&h.spawn([&, i]() -> asio::awaitable<void> {
+      co_await cv.acquire();
+      try {
+        co_await cv.wait();
+      } catch (const std::system_error&) {
+        held_when_thrown[static_cast<std::size_t>(i)] = cv.locked();
+        cv.release();
+        throw;
+      }
+      out.push_back(i);
+      cv.release();
+    }));
+  }
+  h.poll();
+  REQUIRE(cv.get_lock().try_acquire());
+  cv.notify(2);  // 0 and 1 notified...
+  t[0]->cancel();
+  t[1]->cancel();  // ...and both cancelled before they run
+  cv.release();
+  h.poll();
+  CHECK(t[0]->cancelled());
+  CHECK(t[1]->cancelled());
+  CHECK(held_when_thrown[0]);
+  CHECK(held_when_thrown[1]);
+  CHECK(out == std::vector<int>{2, 3});  // both notifications passed on
+  CHECK(cv.waiters() == 0);
+  CHECK_FALSE(cv.locked());
+}
+
+TEST_CASE("a cancelled wait(pred) throws with the lock held and leaves no waiter", "[condition]") {
+  tasks_on_loop h;
+  sluice::condition cv;
+  int value = 0;
+  bool held = false;
+  auto& t = h.spawn([&]() -> asio::awaitable<void> {
+    auto g = co_await cv.scoped_acquire();
+    try {
+      co_await cv.wait([&] { return value == 2; });
+    } catch (const std::system_error&) {
+      held = cv.locked();
+      throw;
+    }
+  });
+  h.poll();
+  REQUIRE(cv.get_lock().try_acquire());
+  value = 1;
+  cv.notify();  // wakes it; the predicate is still false so it waits again
+  cv.release();
+  h.poll();
+  CHECK(cv.waiters() == 1);
+  CHECK_FALSE(t.done);
+  t.cancel();
+  h.poll();
+  CHECK(t.cancelled());
+  CHECK(held);
+  CHECK(cv.waiters() == 0);
+  CHECK_FALSE(cv.locked());
+}
+
+TEST_CASE("destroying a condition that owns its lock while a coroutine waits does not dangle",
+          "[condition]") {
+  tasks_on_loop h;
+  auto cv = std::make_unique<sluice::condition>(h.loop.get_executor());
+  bool aborted = false;
+  auto& t = h.spawn([&]() -> asio::awaitable<void> {
+    co_await cv->acquire();
+    try {
+      co_await cv->wait();
+    } catch (const std::system_error& e) {
+      aborted = e.code() == asio::error::operation_aborted;
+      throw;  // the condition and its lock are gone: nothing to release
+    }
+  });
+  h.poll();
+  CHECK(cv->waiters() == 1);
+  cv.reset();
+  h.poll();
+  CHECK(t.cancelled());
+  CHECK(aborted);
+}
+
+TEST_CASE("a condition destroyed after notifying a waiter that is then cancelled does not dangle",
+          "[condition]") {
+  tasks_on_loop h;
+  sluice::lock l;
+  auto cv = std::make_unique<sluice::condition>(l);
+  bool held = false;
+  auto& t = h.spawn([&]() -> asio::awaitable<void> {
+    co_await l.acquire();
+    try {
+      co_await cv->wait();
+    } catch (const std::system_error&) {
+      held = l.locked();
+      l.release();
+      throw;
+    }
+  });
+  h.poll();
+  REQUIRE(l.try_acquire());
+  cv->notify();
+  t.cancel();
+  cv.reset();  // no waiter is left in it
+  l.release();
+  h.poll();
+  CHECK(t.cancelled());
+  CHECK(held);
+  CHECK_FALSE(l.locked());
+}

@@ -53,7 +53,10 @@ namespace sluice {
 ///
 /// Throws: `wait()` / `notify()` / `notify_all()` without the lock held throw
 /// `std::logic_error`. Destroying a condition with waiters completes them with
-/// `operation_aborted` (a shared lock must outlive the condition).
+/// `operation_aborted` (a shared lock must outlive the condition). When the
+/// condition owns its lock, that lock is destroyed with it: such a waiter
+/// throws without re-acquiring it and must not touch it again (a `lock::guard`
+/// from the destroyed condition must not outlive it either).
 ///
 /// Loop-affine and not thread-safe; debug builds abort on use from a thread
 /// that is not running its loop (see `semaphore` for exactly what is checked).
@@ -109,8 +112,11 @@ class condition {
     affinity_.check("sluice::condition");
     auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
-    // If the condition is destroyed meanwhile, the wait fails and `this` is
-    // gone: from then on only `l` (which must outlive the condition) is used.
+    // The condition may be destroyed while this coroutine is suspended (with it
+    // the lock, when it owns it): `alive` tells, and from then on neither
+    // `this` nor an owned lock is touched; a shared `l` must outlive it.
+    const std::weak_ptr<const bool> alive = alive_;
+    const bool owns_lock = owned_ != nullptr;
     sluice::lock* const l = lock_;
     l->release();
     bool notified = false;
@@ -120,6 +126,11 @@ class condition {
       notified = true;
     } catch (...) {
       failure = std::current_exception();
+    }
+    if (owns_lock && alive.expired()) {
+      if (!failure)
+        failure = std::make_exception_ptr(std::system_error(asio::error::operation_aborted));
+      std::rethrow_exception(failure);
     }
     // Re-acquire even when cancelled: disable throw_if_cancelled meanwhile,
     // and wait without a cancellation slot.
@@ -136,8 +147,9 @@ class condition {
     if (failure) std::rethrow_exception(failure);
     if (notified && !cancelled_before && state.cancelled() != asio::cancellation_type::none) {
       // Notified, then cancelled before it could return: cancellation wins
-      // and the notification goes to the next waiter.
-      wake(1);
+      // and the notification goes to the next waiter, if there still is a
+      // condition to have one.
+      if (!alive.expired()) wake(1);
       throw std::system_error(asio::error::operation_aborted);
     }
   }
@@ -191,6 +203,8 @@ class condition {
 
   std::unique_ptr<sluice::lock> owned_;
   sluice::lock* lock_;
+  // Expires with the condition; suspended wait()s hold a weak_ptr to it.
+  std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
   detail::waiter_list waiters_;
   [[no_unique_address]] detail::affinity affinity_;
 };
