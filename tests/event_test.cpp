@@ -183,3 +183,84 @@ TEST_CASE("an event used from a thread that is not running its loop aborts namin
   CHECK(r.stderr_text.find("sluice::event") != std::string::npos);
 }
 #endif
+
+// ---------------------------------------------------------------------------
+// Adversarial review.
+
+TEST_CASE("set clear set in one turn wakes both the old and the new waiters once", "[event]") {
+  tasks_on_loop h;
+  sluice::event e;
+  int woke = 0;
+  auto waiter = [&]() -> asio::awaitable<void> {
+    co_await e.wait();
+    ++woke;
+  };
+  h.spawn(waiter);
+  h.poll();
+  e.set();
+  e.clear();
+  h.spawn(waiter);  // queued on the cleared event in the same turn
+  h.poll();
+  CHECK(woke == 1);
+  CHECK(e.waiters() == 1);
+  e.set();
+  e.clear();
+  e.set();
+  h.poll();
+  CHECK(woke == 2);
+  CHECK(e.waiters() == 0);
+}
+
+TEST_CASE("a waiter cancelled between set and its resumption returns normally", "[event]") {
+  tasks_on_loop h;
+  sluice::event e{h.loop.get_executor()};
+  auto& a = h.spawn([&]() -> asio::awaitable<void> { co_await e.wait(); });
+  asio::cancellation_signal sig;
+  std::error_code cb = asio::error::would_block;
+  e.async_wait(asio::bind_cancellation_slot(sig.slot(), [&](std::error_code ec) { cb = ec; }));
+  h.poll();
+  e.set();
+  a.cancel();
+  sig.emit(asio::cancellation_type::terminal);
+  sig.emit(asio::cancellation_type::terminal);
+  h.poll();
+  CHECK(a.succeeded());  // the wakeup was delivered before the cancellation
+  CHECK_FALSE(cb);
+  CHECK(e.waiters() == 0);
+}
+
+TEST_CASE("a callback waiter cancelled before set is aborted and the others still wake",
+          "[event]") {
+  tasks_on_loop h;
+  sluice::event e{h.loop.get_executor()};
+  asio::cancellation_signal sig;
+  std::error_code c1 = asio::error::would_block, c2 = c1;
+  e.async_wait(asio::bind_cancellation_slot(sig.slot(), [&](std::error_code ec) { c1 = ec; }));
+  std::future<void> fut = e.async_wait(asio::use_future);
+  e.async_wait([&](std::error_code ec) { c2 = ec; });
+  sig.emit(asio::cancellation_type::terminal);
+  CHECK(e.waiters() == 2);
+  e.set();
+  h.poll();
+  CHECK(c1 == asio::error::operation_aborted);
+  CHECK_FALSE(c2);
+  REQUIRE(fut.wait_for(5s) == std::future_status::ready);
+  fut.get();
+}
+
+TEST_CASE("destroying an event with waiters of every token kind aborts each of them", "[event]") {
+  tasks_on_loop h;
+  auto e = std::make_unique<sluice::event>(h.loop.get_executor());
+  auto& a = h.spawn([&]() -> asio::awaitable<void> { co_await e->wait(); });
+  std::error_code cb = asio::error::would_block;
+  e->async_wait([&](std::error_code ec) { cb = ec; });
+  std::future<void> fut = e->async_wait(asio::use_future);
+  h.poll();
+  CHECK(e->waiters() == 3);
+  e.reset();
+  h.poll();
+  CHECK(a.cancelled());
+  CHECK(cb == asio::error::operation_aborted);
+  REQUIRE(fut.wait_for(5s) == std::future_status::ready);
+  CHECK_THROWS_AS(fut.get(), std::system_error);
+}

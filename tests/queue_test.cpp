@@ -460,3 +460,215 @@ TEST_CASE("a queue used from a thread that is not running its loop aborts naming
   CHECK(r.stderr_text.find("sluice::queue") != std::string::npos);
 }
 #endif
+
+// ---------------------------------------------------------------------------
+// Adversarial review: cancellation, shutdown and task accounting.
+
+TEST_CASE("a put cancelled on a full queue drops its item and lets the next putter in",
+          "[queue][cancel]") {
+  tasks_on_loop h;
+  sluice::queue<int> q{1};
+  REQUIRE(q.try_put(1));
+  auto& p2 = h.spawn([&]() -> asio::awaitable<void> { co_await q.put(2); });
+  auto& p3 = h.spawn([&]() -> asio::awaitable<void> { co_await q.put(3); });
+  h.poll();
+  CHECK(q.putters() == 2);
+  p2.cancel();
+  p2.cancel();
+  CHECK(q.putters() == 1);
+  h.poll();
+  CHECK(p2.cancelled());
+  CHECK(q.size() == 1);
+  CHECK(q.unfinished_tasks() == 1);
+  CHECK(q.try_get() == std::optional<int>(1));
+  CHECK(q.size() == 1);  // 3 moved in
+  h.poll();
+  CHECK(p3.succeeded());
+  CHECK(q.try_get() == std::optional<int>(3));
+  CHECK(q.unfinished_tasks() == 2);
+  CHECK(q.waiters() == 0);
+}
+
+TEST_CASE("a get cancelled after its item was handed over keeps the item first in line",
+          "[queue][cancel]") {
+  tasks_on_loop h;
+  sluice::queue<int> q;
+  auto& r1 = h.spawn([&]() -> asio::awaitable<void> { (void)co_await q.get(); });
+  h.poll();
+  REQUIRE(q.try_put(1));  // handed to r1
+  REQUIRE(q.try_put(2));
+  REQUIRE(q.try_put(3));
+  r1.cancel();
+  r1.cancel();
+  h.poll();
+  CHECK(r1.cancelled());
+  CHECK(q.size() == 3);
+  CHECK(q.unfinished_tasks() == 3);
+  CHECK(q.try_get() == std::optional<int>(1));
+  CHECK(q.try_get() == std::optional<int>(2));
+  CHECK(q.try_get() == std::optional<int>(3));
+}
+
+TEST_CASE("a get raced with a timeout on a bounded queue loses no item", "[queue][cancel]") {
+  sluice::testing::virtual_loop loop;
+  sluice::queue<int> q{2};
+  std::vector<int> got;
+  int timeouts = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    auto producer = [&]() -> asio::awaitable<void> {
+      for (int i = 0; i < 20; ++i) {
+        co_await sluice::sleep(std::chrono::milliseconds(7 * (i % 3)));
+        co_await q.put(i);
+      }
+    };
+    auto consumer = [&]() -> asio::awaitable<void> {
+      while (got.size() < 20) {
+        auto r = co_await (q.get() || sluice::sleep(5ms));
+        if (r.index() == 0) {
+          got.push_back(std::get<0>(r));
+        } else {
+          ++timeouts;
+        }
+      }
+    };
+    co_await (producer() && consumer() && consumer());
+  });
+  std::vector<int> expected;
+  for (int i = 0; i < 20; ++i) expected.push_back(i);
+  CHECK(got == expected);
+  CHECK(timeouts > 0);
+  CHECK(q.empty());
+  CHECK(q.waiters() == 0);
+}
+
+TEST_CASE("an immediate shutdown fails waiting getters and putters and drops the items",
+          "[queue]") {
+  tasks_on_loop h;
+  sluice::queue<int> q{1};
+  auto& g1 = h.spawn([&]() -> asio::awaitable<void> { (void)co_await q.get(); });
+  h.poll();
+  REQUIRE(q.try_put(1));  // handed to g1
+  h.poll();
+  CHECK(g1.succeeded());
+  REQUIRE(q.try_put(2));
+  auto& p = h.spawn([&]() -> asio::awaitable<void> { co_await q.put(3); });
+  std::error_code put_ec, get_ec;
+  q.async_put(4,
+              asio::bind_executor(h.loop.get_executor(), [&](std::error_code ec) { put_ec = ec; }));
+  h.poll();
+  CHECK(q.putters() == 2);
+  CHECK(q.unfinished_tasks() == 2);
+  q.shutdown(true);
+  CHECK(q.size() == 0);
+  CHECK(q.putters() == 0);
+  CHECK(q.unfinished_tasks() == 1);  // 1 was taken and not marked done
+  h.poll();
+  CHECK(is_shut_down_error(p));
+  CHECK(put_ec == sluice::queue_errc::shut_down);
+  auto& g2 = h.spawn([&]() -> asio::awaitable<void> { (void)co_await q.get(); });
+  q.async_get(
+      asio::bind_executor(h.loop.get_executor(), [&](std::error_code ec, int) { get_ec = ec; }));
+  h.poll();
+  CHECK(is_shut_down_error(g2));
+  CHECK(get_ec == sluice::queue_errc::shut_down);
+  bool joined = false;
+  h.spawn([&]() -> asio::awaitable<void> {
+    co_await q.join();
+    joined = true;
+  });
+  h.poll();
+  CHECK_FALSE(joined);
+  q.task_done();
+  h.poll();
+  CHECK(joined);
+  CHECK_THROWS_AS(q.task_done(), std::logic_error);
+}
+
+TEST_CASE("a cancelled join leaves the other joiners and the count alone", "[queue][cancel]") {
+  tasks_on_loop h;
+  sluice::queue<int> q;
+  REQUIRE(q.try_put(1));
+  auto& j1 = h.spawn([&]() -> asio::awaitable<void> { co_await q.join(); });
+  auto& j2 = h.spawn([&]() -> asio::awaitable<void> { co_await q.join(); });
+  h.poll();
+  j1.cancel();
+  h.poll();
+  CHECK(j1.cancelled());
+  CHECK_FALSE(j2.done);
+  CHECK(q.unfinished_tasks() == 1);
+  CHECK(q.try_get() == std::optional<int>(1));
+  q.task_done();
+  h.poll();
+  CHECK(j2.succeeded());
+}
+
+TEST_CASE("a get cancelled after its item was handed over during a plain shutdown still drains",
+          "[queue][cancel]") {
+  tasks_on_loop h;
+  sluice::queue<int> q;
+  auto& r = h.spawn([&]() -> asio::awaitable<void> { (void)co_await q.get(); });
+  h.poll();
+  REQUIRE(q.try_put(1));  // handed over
+  q.shutdown();
+  r.cancel();
+  h.poll();
+  CHECK(r.cancelled());
+  CHECK(q.try_get() == std::optional<int>(1));  // given back, then drained
+  CHECK_THROWS_AS(q.try_get(), sluice::queue_shut_down);
+  CHECK(q.unfinished_tasks() == 1);
+}
+
+TEST_CASE("a get cancelled after its item was handed over during an immediate shutdown is done",
+          "[queue][cancel]") {
+  tasks_on_loop h;
+  sluice::queue<int> q;
+  auto& r = h.spawn([&]() -> asio::awaitable<void> { (void)co_await q.get(); });
+  bool joined = false;
+  h.poll();
+  REQUIRE(q.try_put(1));  // handed over
+  h.spawn([&]() -> asio::awaitable<void> {
+    co_await q.join();
+    joined = true;
+  });
+  q.shutdown(true);
+  r.cancel();
+  h.poll();
+  CHECK(r.cancelled());
+  CHECK(q.unfinished_tasks() == 0);  // the dropped item counts as done
+  CHECK(joined);
+}
+
+TEST_CASE("destroying a queue with waiters of every token kind aborts each of them", "[queue]") {
+  tasks_on_loop h;
+  auto q = std::make_unique<sluice::queue<std::string>>(h.loop.get_executor(), 1);
+  auto& getter = h.spawn([&]() -> asio::awaitable<void> { (void)co_await q->get(); });
+  h.poll();
+  std::error_code cb_get = asio::error::would_block;
+  q->async_get([&](std::error_code ec, std::string) { cb_get = ec; });
+  std::future<std::string> fut_get = q->async_get(asio::use_future);
+  h.poll();
+  CHECK(q->getters() == 3);
+  q.reset();
+  h.poll();
+  CHECK(getter.cancelled());
+  CHECK(cb_get == asio::error::operation_aborted);
+  REQUIRE(fut_get.wait_for(5s) == std::future_status::ready);
+  CHECK_THROWS_AS(fut_get.get(), std::system_error);
+
+  auto q2 = std::make_unique<sluice::queue<std::string>>(h.loop.get_executor(), 1);
+  REQUIRE(q2->try_put(std::string(100, 'x')));
+  auto& putter =
+      h.spawn([&]() -> asio::awaitable<void> { co_await q2->put(std::string(100, 'y')); });
+  std::error_code cb_put = asio::error::would_block;
+  h.poll();
+  q2->async_put(std::string(100, 'z'), [&](std::error_code ec) { cb_put = ec; });
+  std::future<void> fut_put = q2->async_put(std::string(100, 'w'), asio::use_future);
+  CHECK(q2->putters() == 3);
+  q2.reset();
+  h.poll();
+  CHECK(putter.cancelled());
+  CHECK(cb_put == asio::error::operation_aborted);
+  REQUIRE(fut_put.wait_for(5s) == std::future_status::ready);
+  CHECK_THROWS_AS(fut_put.get(), std::system_error);
+}
