@@ -6,6 +6,7 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/strand.hpp>
 
@@ -18,6 +19,8 @@
 #include <numeric>
 #include <queue>
 #include <string>
+#include <system_error>
+#include <variant>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -486,4 +489,393 @@ TEST_CASE("variadic gather with return_exceptions settles every task into a tupl
   CHECK(c.has_value());
   CHECK(svc.cancellations() == 0);  // the failure cancelled nothing
   CHECK(loop.now() == 2s);
+}
+
+// ---- adversarial review: cancellation, failures, lazy input, nesting --------
+
+namespace {
+
+// Awaits `a` and reports how it ended: "ok", "aborted", or the what() of any
+// other exception.
+template <class A>
+asio::awaitable<std::string> ending_of(A a) {
+  try {
+    co_await std::move(a);
+  } catch (const std::system_error& e) {
+    co_return e.code() == asio::error::operation_aborted ? "aborted" : e.what();
+  } catch (const std::exception& e) {
+    co_return e.what();
+  }
+  co_return "ok";
+}
+
+std::string ending_of_exception(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::system_error& x) {
+    return x.code() == asio::error::operation_aborted ? "aborted" : x.what();
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+}
+
+// Emits terminal cancellation on `sig` after `d`.
+asio::awaitable<void> cancel_after(nanoseconds d, asio::cancellation_signal& sig) {
+  co_await sluice::sleep(d);
+  sig.emit(asio::cancellation_type::terminal);
+}
+
+// Sleeps `d`, then fails with `what`; if cancelled first, fails with
+// "cleanup of <what>" instead of the cancellation.
+asio::awaitable<int> fail_differently_when_cancelled(nanoseconds d, std::string what) {
+  try {
+    co_await sluice::sleep(d);
+  } catch (const std::system_error&) {
+    throw std::runtime_error("cleanup of " + what);
+  }
+  throw std::runtime_error(what);
+}
+
+// Ignores cancellation: runs `d` to the end whatever happens.
+asio::awaitable<int> stubborn(nanoseconds d, int v, int& finished) {
+  co_await asio::this_coro::reset_cancellation_state(
+      [](asio::cancellation_type) { return asio::cancellation_type::none; });
+  co_await sluice::sleep(d);
+  ++finished;
+  co_return v;
+}
+
+// A lazy input whose operator++ throws when leaving item `throw_at`.
+class throwing_advance {
+  struct state {
+    std::size_t n;
+    std::size_t throw_at;
+    std::function<asio::awaitable<int>(std::size_t)> make;
+    std::size_t pos = 0;
+  };
+
+ public:
+  class iterator {
+   public:
+    using value_type = asio::awaitable<int>;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    explicit iterator(state* s) : s_(s) {}
+    asio::awaitable<int> operator*() const { return s_->make(s_->pos); }
+    iterator& operator++() {
+      if (s_->pos == s_->throw_at) throw sluice_test::input_broken();
+      ++s_->pos;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const iterator& it, std::default_sentinel_t) {
+      return it.s_->pos >= it.s_->n;
+    }
+
+   private:
+    state* s_ = nullptr;
+  };
+  throwing_advance(std::size_t n, std::size_t throw_at,
+                   std::function<asio::awaitable<int>(std::size_t)> make)
+      : s_(std::make_shared<state>(state{n, throw_at, std::move(make)})) {}
+  iterator begin() { return iterator(s_.get()); }
+  std::default_sentinel_t end() { return {}; }
+
+ private:
+  std::shared_ptr<state> s_;
+};
+
+}  // namespace
+
+TEST_CASE("a caller cancelled at t=0 before the loop ran starts nothing and nothing later",
+          "[gather]") {
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  asio::cancellation_signal cancel;
+  std::string how;
+  // Asio's co_spawn itself may refuse to start an already cancelled coroutine;
+  // either way the caller must see operation_aborted.
+  asio::co_spawn(
+      loop.get_executor(), ending_of(sluice::gather_with_concurrency(2, calls(svc, 4))),
+      asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, std::string s) {
+        how = e ? ending_of_exception(e) : s;
+      }));
+  cancel.emit(asio::cancellation_type::terminal);
+  loop.run_for(10s);
+  CHECK(how == "aborted");
+  CHECK(svc.calls() == 0);
+}
+
+TEST_CASE("a caller cancelled at the instant a task completes leaves nothing running after it",
+          "[gather]") {
+  slow_service svc({.latency = latency::fixed(100ms)});
+  virtual_loop loop;
+  asio::cancellation_signal cancel;
+  std::string how;
+  std::size_t calls_at_return = 0;
+  auto tasks = calls(svc, 10);
+  // The canceller's timer is set first, so it fires first at 100 ms.
+  asio::co_spawn(loop.get_executor(), cancel_after(100ms, cancel), asio::detached);
+  asio::co_spawn(
+      loop.get_executor(), ending_of(sluice::gather_with_concurrency(2, std::move(tasks))),
+      asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr, std::string s) {
+        how = s;
+        calls_at_return = svc.calls();
+      }));
+  loop.run_for(100ms);
+  CHECK(how == "aborted");
+  CHECK(svc.in_flight() == 0);
+  loop.run_for(10s);
+  CHECK(svc.calls() == calls_at_return);
+  CHECK(svc.in_flight() == 0);
+}
+
+TEST_CASE("a failure just before the caller is cancelled in the same instant is still rethrown",
+          "[gather]") {
+  virtual_loop loop;
+  asio::cancellation_signal cancel;
+  std::string how;
+  std::vector<asio::awaitable<int>> v;
+  v.push_back(fail_after(100ms, "first"));
+  v.push_back(after(1s, 1));
+  v.push_back(after(1s, 2));
+  asio::co_spawn(loop.get_executor(), ending_of(sluice::gather(std::move(v))),
+                 asio::bind_cancellation_slot(cancel.slot(),
+                                              [&](std::exception_ptr, std::string s) { how = s; }));
+  // Set after the task's timer: fires after it at 100 ms.
+  asio::co_spawn(loop.get_executor(), cancel_after(100ms, cancel), asio::detached);
+  loop.run_for(5s);
+  CHECK(how == "first");
+  CHECK(loop.now() == 5s);
+}
+
+TEST_CASE("a timeout that fires at the instant the tasks finish leaves nothing running",
+          "[gather]") {
+  using namespace asio::experimental::awaitable_operators;
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  auto r = loop.run([&]() -> asio::awaitable<std::size_t> {
+    auto v = co_await (sluice::gather_with_concurrency(2, calls(svc, 4)) || sluice::sleep(2s));
+    co_return v.index();
+  });
+  CHECK(loop.now() == 2s);
+  CHECK(svc.in_flight() == 0);
+  const auto after_return = svc.calls();
+  (void)r;
+  loop.run_for(10s);
+  CHECK(svc.calls() == after_return);
+}
+
+TEST_CASE("two failures at the same instant: the first in time is rethrown, the other dropped",
+          "[gather]") {
+  virtual_loop loop;
+  auto how = loop.run([]() -> asio::awaitable<std::string> {
+    std::vector<asio::awaitable<int>> v;
+    v.push_back(after(1s, 0));
+    v.push_back(fail_after(100ms, "a"));
+    v.push_back(fail_after(100ms, "b"));
+    co_return co_await ending_of(sluice::gather(std::move(v)));
+  });
+  CHECK(how == "a");
+  CHECK(loop.now() == 100ms);
+}
+
+TEST_CASE("an input whose first element throws starts nothing and rethrows", "[gather]") {
+  virtual_loop loop;
+  int made = 0;
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(5, [&](std::size_t i) {
+    ++made;
+    return after(100ms, static_cast<int>(i));
+  });
+  input.throw_at(0);
+  auto how = loop.run(ending_of(sluice::gather_with_concurrency(2, input)));
+  CHECK(how == "the input range broke");
+  CHECK(made == 0);
+  CHECK(loop.now() == 0ms);
+}
+
+TEST_CASE("an input whose increment throws cancels the running tasks and rethrows", "[gather]") {
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  throwing_advance input(10, 3, [&](std::size_t i) { return call_returning(svc, int(i)); });
+  auto how = loop.run(ending_of(sluice::gather_with_concurrency(3, input)));
+  CHECK(how == "the input range broke");
+  // Items 0..2 started at 0; item 3 was made at 1 s and its advance threw.
+  CHECK(loop.now() == 1s);
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.calls() == 3);
+  loop.run_for(10s);
+  CHECK(svc.calls() == 3);
+}
+
+TEST_CASE("a task that throws its own error after being cancelled does not replace the first",
+          "[gather]") {
+  virtual_loop loop;
+  auto how = loop.run([]() -> asio::awaitable<std::string> {
+    std::vector<asio::awaitable<int>> v;
+    v.push_back(fail_differently_when_cancelled(1s, "slow"));
+    v.push_back(fail_after(100ms, "first"));
+    v.push_back(fail_differently_when_cancelled(2s, "slower"));
+    co_return co_await ending_of(sluice::gather(std::move(v)));
+  });
+  CHECK(how == "first");
+  CHECK(loop.now() == 100ms);
+}
+
+TEST_CASE("a caller cancelled while tasks throw their own errors on cancel gets operation_aborted",
+          "[gather]") {
+  using namespace asio::experimental::awaitable_operators;
+  virtual_loop loop;
+  auto how = loop.run([]() -> asio::awaitable<std::string> {
+    std::vector<asio::awaitable<int>> v;
+    v.push_back(fail_differently_when_cancelled(1s, "x"));
+    v.push_back(fail_differently_when_cancelled(1s, "y"));
+    auto r = co_await (ending_of(sluice::gather(std::move(v))) || sluice::sleep(100ms));
+    co_return r.index() == 1 ? std::string("timeout") : std::get<0>(r);
+  });
+  CHECK(how == "timeout");
+  CHECK(loop.now() == 100ms);
+}
+
+TEST_CASE("gather waits for tasks that ignore cancellation before rethrowing", "[gather]") {
+  virtual_loop loop;
+  int finished = 0;
+  auto how = loop.run([&]() -> asio::awaitable<std::string> {
+    std::vector<asio::awaitable<int>> v;
+    v.push_back(stubborn(3s, 0, finished));
+    v.push_back(fail_after(100ms, "boom"));
+    v.push_back(stubborn(2s, 2, finished));
+    co_return co_await ending_of(sluice::gather(std::move(v)));
+  });
+  CHECK(how == "boom");
+  CHECK(finished == 2);
+  CHECK(loop.now() == 3s);
+}
+
+TEST_CASE("a cancelled caller also waits for tasks that ignore cancellation", "[gather]") {
+  using namespace asio::experimental::awaitable_operators;
+  virtual_loop loop;
+  int finished = 0;
+  auto r = loop.run([&]() -> asio::awaitable<std::size_t> {
+    std::vector<asio::awaitable<int>> v;
+    v.push_back(stubborn(3s, 0, finished));
+    v.push_back(after(5s, 1));
+    auto x = co_await (sluice::gather(std::move(v)) || sluice::sleep(1s));
+    co_return x.index();
+  });
+  CHECK(r == 1);
+  CHECK(finished == 1);
+  CHECK(loop.now() == 3s);
+}
+
+TEST_CASE("limit 1 takes exactly the sum of the durations and pulls one at a time", "[gather]") {
+  virtual_loop loop;
+  std::vector<nanoseconds> pulled_at;
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(4, [&](std::size_t i) {
+    pulled_at.push_back(loop.now());
+    return after(milliseconds(100 * (i + 1)), static_cast<int>(i));
+  });
+  auto r = loop.run(sluice::gather_with_concurrency(1, input));
+  CHECK(r == std::vector<int>{0, 1, 2, 3});
+  CHECK(loop.now() == 1000ms);
+  CHECK(pulled_at == std::vector<nanoseconds>{0ms, 100ms, 300ms, 600ms});
+}
+
+TEST_CASE("a limit larger than the input pulls each element exactly once", "[gather]") {
+  virtual_loop loop;
+  int made = 0;
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(3, [&](std::size_t i) {
+    ++made;
+    return after(100ms, static_cast<int>(i));
+  });
+  auto r = loop.run(sluice::gather_with_concurrency(100, input));
+  CHECK(r == std::vector<int>{0, 1, 2});
+  CHECK(made == 3);
+  CHECK(input.pulled() == 3);
+  CHECK(loop.now() == 100ms);
+}
+
+TEST_CASE("nothing is pulled from a lazy input after the caller was cancelled", "[gather]") {
+  using namespace asio::experimental::awaitable_operators;
+  virtual_loop loop;
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(
+      100, [&](std::size_t i) { return after(100ms, static_cast<int>(i)); });
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await (sluice::gather_with_concurrency(2, input) || sluice::sleep(250ms));
+  });
+  CHECK(input.pulled() == 6);
+  loop.run_for(10s);
+  CHECK(input.pulled() == 6);
+}
+
+TEST_CASE("nested gathers under a cancelled caller all stop, and nothing runs later", "[gather]") {
+  using namespace asio::experimental::awaitable_operators;
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  auto inner = [&]() -> asio::awaitable<int> {
+    auto r = co_await sluice::gather_with_concurrency(2, calls(svc, 4));
+    co_return static_cast<int>(r.size());
+  };
+  auto r = loop.run([&]() -> asio::awaitable<std::size_t> {
+    std::vector<asio::awaitable<int>> outer;
+    for (int i = 0; i < 3; ++i) outer.push_back(inner());
+    auto x = co_await (sluice::gather(std::move(outer)) || sluice::sleep(1500ms));
+    co_return x.index();
+  });
+  CHECK(r == 1);
+  CHECK(loop.now() == 1500ms);
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.calls() == 12);
+  CHECK(svc.cancellations() == 6);
+  loop.run_for(10s);
+  CHECK(svc.calls() == 12);
+}
+
+TEST_CASE("a failure in one nested gather cancels the sibling gathers", "[gather]") {
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  auto how = loop.run([&]() -> asio::awaitable<std::string> {
+    std::vector<asio::awaitable<int>> inner;
+    inner.push_back(fail_after(1500ms, "inner failed"));
+    inner.push_back(after(1s, 0));
+    std::vector<asio::awaitable<std::vector<int>>> outer;
+    outer.push_back(sluice::gather_with_concurrency(2, calls(svc, 4)));
+    outer.push_back(sluice::gather_with_concurrency(2, std::move(inner)));
+    co_return co_await ending_of(sluice::gather(std::move(outer)));
+  });
+  CHECK(how == "inner failed");
+  CHECK(loop.now() == 1500ms);
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.calls() == 4);
+  CHECK(svc.cancellations() == 2);
+}
+
+TEST_CASE("gather on a strand keeps order, fails fast and can be cancelled", "[gather]") {
+  using namespace asio::experimental::awaitable_operators;
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  auto strand = asio::make_strand(loop.get_executor());
+  std::vector<int> r;
+  std::string failed, cancelled;
+  asio::co_spawn(
+      strand,
+      [&]() -> asio::awaitable<void> {
+        std::vector<asio::awaitable<int>> v;
+        v.push_back(after(300ms, 0));
+        v.push_back(after(100ms, 1));
+        r = co_await sluice::gather_with_concurrency(2, std::move(v));
+        std::vector<asio::awaitable<int>> w = calls(svc, 3);
+        w.push_back(fail_after(100ms, "strand failure"));
+        failed = co_await ending_of(sluice::gather(std::move(w)));
+        auto x =
+            co_await (sluice::gather_with_concurrency(2, calls(svc, 4)) || sluice::sleep(500ms));
+        cancelled = x.index() == 1 ? "cancelled" : "ran";
+      },
+      asio::detached);
+  loop.run_for(10s);
+  CHECK(r == std::vector<int>{0, 1});
+  CHECK(failed == "strand failure");
+  CHECK(cancelled == "cancelled");
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.calls() == 5);
 }

@@ -147,9 +147,11 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
                        gather_worker<State, executor_type>(s, s->children->size(), std::move(job)));
   }
 
+  // The token is a named local: g++ 12 may destroy a co_await operand's
+  // brace-initialised temporaries twice.
   std::error_code ec;
-  co_await s->children->async_join(
-      ex, asio::redirect_error(asio::use_awaitable_t<executor_type>{}, ec));
+  auto join_token = asio::redirect_error(asio::use_awaitable_t<executor_type>(), ec);
+  co_await s->children->async_join(ex, join_token);
   if (s->first_error) std::rethrow_exception(s->first_error);
   if (ec) throw std::system_error(ec, "sluice::gather");
   if (auto e = s->children->escaped()) std::rethrow_exception(e);
