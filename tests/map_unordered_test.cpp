@@ -6,6 +6,8 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/strand.hpp>
 
 #include <catch2/catch.hpp>
@@ -710,4 +712,326 @@ TEST_CASE("map_unordered runs its tasks on a strand when the consumer runs on on
   loop.run_for(1s);
   CHECK(sum == 36);
   CHECK(on_strand == 8);
+}
+
+// ---- adversarial review: lifetimes, pipelines, cancellation ----------------
+
+namespace {
+
+// Awaits `a` and says how it ended: "ok", "aborted", or another exception's what().
+template <class A>
+asio::awaitable<std::string> ending_of(A a) {
+  try {
+    co_await std::move(a);
+  } catch (const std::system_error& e) {
+    co_return e.code() == asio::error::operation_aborted ? "aborted" : e.what();
+  } catch (const std::exception& e) {
+    co_return e.what();
+  }
+  co_return "ok";
+}
+
+asio::awaitable<int> call_or_fail(slow_service& svc, int i, int fail_at) {
+  co_await svc.call(std::to_string(i));
+  if (i == fail_at) throw std::runtime_error("task " + std::to_string(i) + " failed");
+  co_return i;
+}
+
+std::vector<int> iota_vec(int n) {
+  std::vector<int> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a stream destroyed mid-flight inside a coroutine winds down cleanly", "[stream]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::from(
+                        [](const auto& c) -> nanoseconds { return c.index == 0 ? 1s : 2s; })});
+  loop.run([&]() -> asio::awaitable<void> {
+    {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 4);
+      auto r = co_await s.next();
+      CHECK(r == 0);
+      CHECK(svc.in_flight() == 3);
+    }
+    co_await sluice::sleep(10s);
+  });
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.calls() == 4);
+  CHECK(svc.cancellations() == 3);
+}
+
+TEST_CASE("a moved stream keeps yielding every result from where it was", "[stream]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(1s)});
+  auto r = loop.run([&]() -> asio::awaitable<std::vector<int>> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(6), 2);
+    std::vector<int> out;
+    auto first = co_await s.next();
+    out.push_back(*first);
+    sluice::stream<int> t(std::move(s));
+    auto gone = co_await s.next();
+    CHECK_FALSE(gone);
+    sluice::stream<int> u;
+    u = std::move(t);
+    while (auto x = co_await u.next()) out.push_back(*x);
+    std::sort(out.begin(), out.end());
+    co_return out;
+  });
+  CHECK(r == iota_vec(6));
+  CHECK(loop.now() == 3s);
+  CHECK(svc.cancellations() == 0);
+}
+
+TEST_CASE("next() after the end keeps returning nothing", "[stream]") {
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    flight f;
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, std::vector{10, 20}, 2);
+    int n = 0;
+    while (co_await s.next()) ++n;
+    CHECK(n == 2);
+    for (int i = 0; i < 3; ++i) {
+      auto r = co_await s.next();
+      CHECK_FALSE(r);
+    }
+    co_await s.close();
+    auto r = co_await s.next();
+    CHECK_FALSE(r);
+  });
+}
+
+TEST_CASE("next() after a rethrown failure returns nothing and nothing runs any more", "[stream]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(1s)});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call_or_fail(svc, i, 1); }, iota_vec(10), 3);
+    std::string how;
+    std::vector<int> got_before;
+    try {
+      while (auto r = co_await s.next()) got_before.push_back(*r);
+      how = "ok";
+    } catch (const std::runtime_error& e) {
+      how = e.what();
+    }
+    CHECK(how == "task 1 failed");
+    CHECK(svc.in_flight() == 0);
+    auto again = co_await s.next();
+    CHECK_FALSE(again);
+    const auto calls = svc.calls();
+    co_await sluice::sleep(10s);
+    CHECK(svc.calls() == calls);
+  });
+}
+
+TEST_CASE("two task failures at the same instant: the first is rethrown once", "[stream]") {
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    flight f;
+    auto s = sluice::map_unordered([&](int d) { return nap_or_fail(f, d); },
+                                   std::vector{-100, -100, 500}, 3);
+    auto how = co_await ending_of(s.next());
+    CHECK(how == "task 100 failed");
+    CHECK(loop.now() == 100ms);
+    CHECK(f.now == 0);
+    auto again = co_await s.next();
+    CHECK_FALSE(again);
+  });
+}
+
+TEST_CASE("an input whose first element throws starts nothing and next() rethrows", "[stream]") {
+  virtual_loop loop;
+  flight f;
+  recorded_input<int> in({10, 20, 30});
+  in.throw_at(0);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, in, 2);
+    auto how = co_await ending_of(s.next());
+    CHECK(how == "the input failed");
+    auto again = co_await s.next();
+    CHECK_FALSE(again);
+  });
+  CHECK(f.started == 0);
+  CHECK(loop.now() == 0ms);
+}
+
+TEST_CASE("a limit larger than the input pulls each element once", "[stream]") {
+  virtual_loop loop;
+  flight f;
+  recorded_input<int> in({30, 10, 20});
+  std::vector<std::size_t> pulls;
+  in.on_pull([&](std::size_t i) { pulls.push_back(i); });
+  auto r = loop.run([&]() -> asio::awaitable<std::vector<got>> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, in, 50);
+    co_return co_await drain(loop, s);
+  });
+  CHECK(pulls == std::vector<std::size_t>{0, 1, 2});
+  CHECK(r == std::vector<got>{{10, 10ms}, {20, 20ms}, {30, 30ms}});
+}
+
+TEST_CASE("limit 1 runs one by one with exactly sequential timing", "[stream]") {
+  virtual_loop loop;
+  flight f;
+  auto r = loop.run([&]() -> asio::awaitable<std::vector<got>> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, std::vector{30, 10, 20}, 1);
+    co_return co_await drain(loop, s);
+  });
+  CHECK(r == std::vector<got>{{30, 30ms}, {10, 40ms}, {20, 60ms}});
+  CHECK(f.max == 1);
+}
+
+TEST_CASE("a consumer cancelled by a timeout at the instant a task completes leaves nothing",
+          "[stream]") {
+  using namespace asio::experimental::awaitable_operators;
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(1s)});
+  recorded_input<int> in(iota_vec(20));
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, in, 1);
+    auto first = co_await s.next();
+    CHECK(first == 0);
+    // The next results arrive at 1 s, exactly when the timeout fires.
+    auto x = co_await (ending_of(s.next()) || sluice::sleep(1s));
+    (void)x;
+    CHECK(svc.in_flight() == 0);
+    const auto pulled = in.pulled();
+    const auto calls = svc.calls();
+    co_await sluice::sleep(10s);
+    CHECK(in.pulled() == pulled);
+    CHECK(svc.calls() == calls);
+    auto after = co_await s.next();
+    (void)after;
+    CHECK(svc.in_flight() == 0);
+  });
+}
+
+TEST_CASE("close() cancelled while tasks ignore cancellation still waits, then aborts",
+          "[stream]") {
+  using namespace asio::experimental::awaitable_operators;
+  virtual_loop loop;
+  int finished = 0;
+  auto stubborn = [&](int d) -> asio::awaitable<int> {
+    co_await asio::this_coro::reset_cancellation_state(
+        [](asio::cancellation_type) { return asio::cancellation_type::none; });
+    co_await sluice::sleep(milliseconds(d));
+    ++finished;
+    co_return d;
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered(stubborn, std::vector{1000, 3000, 3000}, 3);
+    auto first = co_await s.next();
+    CHECK(first == 1000);
+    // The timeout wins; || then waits for the cancelled close() to finish.
+    auto how = co_await (ending_of(s.close()) || sluice::sleep(500ms));
+    CHECK(how.index() == 1);
+    CHECK(loop.now() == 3s);
+    CHECK(finished == 3);
+  });
+}
+
+TEST_CASE("when the downstream stage fails the upstream stage is cancelled before next() throws",
+          "[stream]") {
+  virtual_loop loop;
+  slow_service up({.latency = latency::from(
+                       [](const auto& c) -> nanoseconds { return c.index == 0 ? 100ms : 5s; })});
+  slow_service down({.latency = latency::fixed(1s)});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered(
+        [&](int i) { return call_or_fail(down, i, 0); },
+        sluice::map_unordered([&](int i) { return call(up, i); }, iota_vec(100), 8), 1);
+    // Downstream: one at a time (limit 1): it is busy with item 0 from 100 ms
+    // to 1.1 s, while the upstream runs items 1..8 (5 s each) ahead.
+    auto how = co_await ending_of(s.next());
+    CHECK(how == "task 0 failed");
+    CHECK(loop.now() == 1100ms);
+    CHECK(down.in_flight() == 0);
+    CHECK(up.in_flight() == 0);
+    const auto calls = up.calls();
+    co_await sluice::sleep(10s);
+    CHECK(up.calls() == calls);
+    CHECK(up.in_flight() == 0);
+  });
+}
+
+TEST_CASE("when the upstream stage fails the downstream rethrows it with nothing running",
+          "[stream]") {
+  virtual_loop loop;
+  slow_service up({.latency = latency::fixed(100ms)});
+  slow_service down({.latency = latency::fixed(1s)});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered(
+        [&](int i) { return call(down, i); },
+        sluice::map_unordered([&](int i) { return call_or_fail(up, i, 5); }, iota_vec(100), 2), 4);
+    std::string how;
+    try {
+      while (co_await s.next()) {
+      }
+      how = "ok";
+    } catch (const std::exception& e) {
+      how = e.what();
+    }
+    CHECK(how == "task 5 failed");
+    CHECK(down.in_flight() == 0);
+    CHECK(up.in_flight() == 0);
+    const auto calls = up.calls() + down.calls();
+    co_await sluice::sleep(10s);
+    CHECK(up.calls() + down.calls() == calls);
+  });
+}
+
+TEST_CASE("a consumer of a pipeline cancelled in next() stops both stages before it throws",
+          "[stream]") {
+  using namespace asio::experimental::awaitable_operators;
+  virtual_loop loop;
+  slow_service up({.latency = latency::from(
+                       [](const auto& c) -> nanoseconds { return c.index == 0 ? 100ms : 5s; })});
+  slow_service down({.latency = latency::fixed(1s)});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered(
+        [&](int i) { return call(down, i); },
+        sluice::map_unordered([&](int i) { return call(up, i); }, iota_vec(100), 8), 1);
+    auto x = co_await (ending_of(s.next()) || sluice::sleep(500ms));
+    CHECK(x.index() == 1);
+    CHECK(loop.now() == 500ms);
+    CHECK(down.in_flight() == 0);
+    CHECK(up.in_flight() == 0);
+    const auto calls = up.calls();
+    co_await sluice::sleep(10s);
+    CHECK(up.calls() == calls);
+  });
+}
+
+TEST_CASE("map_unordered on a strand survives failure, cancellation and destruction", "[stream]") {
+  using namespace asio::experimental::awaitable_operators;
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(1s)});
+  std::string failed, cancelled;
+  asio::co_spawn(
+      asio::make_strand(loop.get_executor()),
+      [&]() -> asio::awaitable<void> {
+        {
+          auto s =
+              sluice::map_unordered([&](int i) { return call_or_fail(svc, i, 2); }, iota_vec(8), 3);
+          std::string how;
+          try {
+            while (co_await s.next()) {
+            }
+          } catch (const std::exception& e) {
+            how = e.what();
+          }
+          failed = how;
+        }
+        auto t = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(8), 3);
+        auto x = co_await (ending_of(t.next()) || sluice::sleep(500ms));
+        cancelled = x.index() == 0 ? std::get<0>(x) : std::string("timeout");
+        auto u = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(8), 3);
+        co_await u.next();
+      },
+      asio::detached);
+  loop.run_for(10s);
+  CHECK(failed == "task 2 failed");
+  CHECK(cancelled == "timeout");
+  CHECK(svc.in_flight() == 0);
 }

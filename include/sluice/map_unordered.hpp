@@ -129,7 +129,8 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
       // re-entrantly inside kick().
       // (The executor is named: g++ 12 may destroy co_await temporaries twice.)
       const executor_type ex = c->executor();
-      co_await asio::post(ex, asio::use_awaitable_t<executor_type>{});
+      asio::use_awaitable_t<executor_type> token;
+      co_await asio::post(ex, token);
       c->worker_started();
       while (!c->ending()) {
         if (!c->may_pull()) {

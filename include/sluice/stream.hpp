@@ -99,6 +99,10 @@ class stream {
   /// `std::system_error` with `asio::error::operation_aborted`. Later calls
   /// yield nothing (or a task's failure that came first).
   ///
+  /// Before `next()` reports a failure or a cancellation, an owned
+  /// asynchronous source that has `close()` (an upstream stage) is closed and
+  /// waited for, so nothing of the pipeline runs on after it.
+  ///
   /// Lifetimes: the awaited call keeps the stream's state alive by itself.
   [[nodiscard]] asio::awaitable<std::optional<T>, Executor> next() {
     if (!core_) return empty_next();

@@ -75,6 +75,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       c->started_ = true;
       c->spawn();
     }
+    std::error_code ec;
     for (;;) {
       if (!c->buffer_.empty()) {
         std::optional<T> out(std::move(c->buffer_.front()));
@@ -83,10 +84,21 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
         co_return out;
       }
       if (c->finished()) break;
-      std::error_code ec;
-      co_await c->async_wait(asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
-      if (ec) throw std::system_error(ec, "sluice::stream::next");
+      // Named token: g++ 12 may destroy a co_await operand's temporaries twice.
+      auto wait_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
+      co_await c->async_wait(wait_token);
+      if (ec) break;
     }
+    // Stopped (a failure, a cancelled consumer): an owned upstream stage may
+    // still run ahead of us; stop it and wait for it before reporting, even
+    // if this coroutine was cancelled already.
+    if (c->stopping_ && !c->input_shut_) {
+      const bool was = co_await asio::this_coro::throw_if_cancelled();
+      co_await asio::this_coro::throw_if_cancelled(false);
+      co_await shut_input(c);
+      co_await asio::this_coro::throw_if_cancelled(was);
+    }
+    if (ec) throw std::system_error(ec, "sluice::stream::next");
     if (auto e = std::exchange(c->error_, nullptr)) std::rethrow_exception(e);
     co_return std::nullopt;
   }
@@ -95,10 +107,15 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     c->abandon();
     auto ex = co_await asio::this_coro::executor;
     std::error_code ec;
-    co_await c->children_->async_join(ex,
-                                      asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
+    auto join_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
+    co_await c->children_->async_join(ex, join_token);
+    if (!c->input_shut_) {
+      const bool was = co_await asio::this_coro::throw_if_cancelled();
+      co_await asio::this_coro::throw_if_cancelled(false);
+      co_await shut_input(c);
+      co_await asio::this_coro::throw_if_cancelled(was);
+    }
     if (ec) throw std::system_error(ec, "sluice::stream::close");
-    co_await c->close_input();
   }
 
   // Stops without waiting: no more input, running tasks cancelled, unread
@@ -209,6 +226,19 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
 
   bool finished() const noexcept { return ending() && live_ == 0; }
 
+  // Closes the owned input once (close_input: cancels an upstream stage and
+  // waits for it). The callers turn throw_if_cancelled off around it: a
+  // cancelled consumer must not leave the upstream running either. An error
+  // of the close itself (only its own cancellation) is not the stream's.
+  static asio::awaitable<void, Executor> shut_input(std::shared_ptr<stream_core> c) {
+    c->input_shut_ = true;
+    try {
+      auto closing = c->close_input();
+      co_await std::move(closing);
+    } catch (...) {
+    }
+  }
+
   void release_held() {
     if (!held_) return;
     held_ = false;
@@ -284,6 +314,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   bool exhausted_ = false;
   bool stopping_ = false;
   bool consumer_cancelled_ = false;
+  bool input_shut_ = false;
 };
 
 }  // namespace sluice::detail
