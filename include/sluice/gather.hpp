@@ -77,7 +77,8 @@ std::optional<std::pair<typename State::task_type, std::size_t>> pull(State& s, 
   if (s.children->stopping()) return std::nullopt;
   try {
     if (s.input.done()) return std::nullopt;
-    std::pair<typename State::task_type, std::size_t> next(s.input.take(), s.pulled++);
+    auto task = s.input.take();  // may throw: nothing counted yet
+    std::pair<typename State::task_type, std::size_t> next(std::move(task), s.pulled++);
     if constexpr (State::store_results) s.results.emplace_back();
     return next;
   } catch (...) {
