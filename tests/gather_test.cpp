@@ -11,6 +11,7 @@
 #include <asio/strand.hpp>
 
 #include <catch2/catch.hpp>
+#include <support/ending.hpp>
 #include <support/lazy_tasks.hpp>
 
 #include <algorithm>
@@ -495,30 +496,6 @@ TEST_CASE("variadic gather with return_exceptions settles every task into a tupl
 
 namespace {
 
-// Awaits `a` and reports how it ended: "ok", "aborted", or the what() of any
-// other exception.
-template <class A>
-asio::awaitable<std::string> ending_of(A a) {
-  try {
-    co_await std::move(a);
-  } catch (const std::system_error& e) {
-    co_return e.code() == asio::error::operation_aborted ? "aborted" : e.what();
-  } catch (const std::exception& e) {
-    co_return e.what();
-  }
-  co_return "ok";
-}
-
-std::string ending_of_exception(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::system_error& x) {
-    return x.code() == asio::error::operation_aborted ? "aborted" : x.what();
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-}
-
 // Emits terminal cancellation on `sig` after `d`.
 asio::awaitable<void> cancel_after(nanoseconds d, asio::cancellation_signal& sig) {
   co_await sluice::sleep(d);
@@ -596,9 +573,10 @@ TEST_CASE("a caller cancelled at t=0 before the loop ran starts nothing and noth
   // Asio's co_spawn itself may refuse to start an already cancelled coroutine;
   // either way the caller must see operation_aborted.
   asio::co_spawn(
-      loop.get_executor(), ending_of(sluice::gather_with_concurrency(2, calls(svc, 4))),
+      loop.get_executor(),
+      sluice_test::ending_of(sluice::gather_with_concurrency(2, calls(svc, 4))),
       asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, std::string s) {
-        how = e ? ending_of_exception(e) : s;
+        how = e ? sluice_test::ending_of_exception(e) : s;
       }));
   cancel.emit(asio::cancellation_type::terminal);
   loop.run_for(10s);
@@ -617,7 +595,8 @@ TEST_CASE("a caller cancelled at the instant a task completes leaves nothing run
   // The canceller's timer is set first, so it fires first at 100 ms.
   asio::co_spawn(loop.get_executor(), cancel_after(100ms, cancel), asio::detached);
   asio::co_spawn(
-      loop.get_executor(), ending_of(sluice::gather_with_concurrency(2, std::move(tasks))),
+      loop.get_executor(),
+      sluice_test::ending_of(sluice::gather_with_concurrency(2, std::move(tasks))),
       asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr, std::string s) {
         how = s;
         calls_at_return = svc.calls();
@@ -639,7 +618,7 @@ TEST_CASE("a failure just before the caller is cancelled in the same instant is 
   v.push_back(fail_after(100ms, "first"));
   v.push_back(after(1s, 1));
   v.push_back(after(1s, 2));
-  asio::co_spawn(loop.get_executor(), ending_of(sluice::gather(std::move(v))),
+  asio::co_spawn(loop.get_executor(), sluice_test::ending_of(sluice::gather(std::move(v))),
                  asio::bind_cancellation_slot(cancel.slot(),
                                               [&](std::exception_ptr, std::string s) { how = s; }));
   // Set after the task's timer: fires after it at 100 ms.
@@ -674,7 +653,7 @@ TEST_CASE("two failures at the same instant: the first in time is rethrown, the 
     v.push_back(after(1s, 0));
     v.push_back(fail_after(100ms, "a"));
     v.push_back(fail_after(100ms, "b"));
-    co_return co_await ending_of(sluice::gather(std::move(v)));
+    co_return co_await sluice_test::ending_of(sluice::gather(std::move(v)));
   });
   CHECK(how == "a");
   CHECK(loop.now() == 100ms);
@@ -688,7 +667,7 @@ TEST_CASE("an input whose first element throws starts nothing and rethrows", "[g
     return after(100ms, static_cast<int>(i));
   });
   input.throw_at(0);
-  auto how = loop.run(ending_of(sluice::gather_with_concurrency(2, input)));
+  auto how = loop.run(sluice_test::ending_of(sluice::gather_with_concurrency(2, input)));
   CHECK(how == "the input range broke");
   CHECK(made == 0);
   CHECK(loop.now() == 0ms);
@@ -698,7 +677,7 @@ TEST_CASE("an input whose increment throws cancels the running tasks and rethrow
   slow_service svc({.latency = latency::fixed(1s)});
   virtual_loop loop;
   throwing_advance input(10, 3, [&](std::size_t i) { return call_returning(svc, int(i)); });
-  auto how = loop.run(ending_of(sluice::gather_with_concurrency(3, input)));
+  auto how = loop.run(sluice_test::ending_of(sluice::gather_with_concurrency(3, input)));
   CHECK(how == "the input range broke");
   // Items 0..2 started at 0; item 3 was made at 1 s and its advance threw.
   CHECK(loop.now() == 1s);
@@ -716,7 +695,7 @@ TEST_CASE("a task that throws its own error after being cancelled does not repla
     v.push_back(fail_differently_when_cancelled(1s, "slow"));
     v.push_back(fail_after(100ms, "first"));
     v.push_back(fail_differently_when_cancelled(2s, "slower"));
-    co_return co_await ending_of(sluice::gather(std::move(v)));
+    co_return co_await sluice_test::ending_of(sluice::gather(std::move(v)));
   });
   CHECK(how == "first");
   CHECK(loop.now() == 100ms);
@@ -730,7 +709,8 @@ TEST_CASE("a caller cancelled while tasks throw their own errors on cancel gets 
     std::vector<asio::awaitable<int>> v;
     v.push_back(fail_differently_when_cancelled(1s, "x"));
     v.push_back(fail_differently_when_cancelled(1s, "y"));
-    auto r = co_await (ending_of(sluice::gather(std::move(v))) || sluice::sleep(100ms));
+    auto r =
+        co_await (sluice_test::ending_of(sluice::gather(std::move(v))) || sluice::sleep(100ms));
     co_return r.index() == 1 ? std::string("timeout") : std::get<0>(r);
   });
   CHECK(how == "timeout");
@@ -745,7 +725,7 @@ TEST_CASE("gather waits for tasks that ignore cancellation before rethrowing", "
     v.push_back(stubborn(3s, 0, finished));
     v.push_back(fail_after(100ms, "boom"));
     v.push_back(stubborn(2s, 2, finished));
-    co_return co_await ending_of(sluice::gather(std::move(v)));
+    co_return co_await sluice_test::ending_of(sluice::gather(std::move(v)));
   });
   CHECK(how == "boom");
   CHECK(finished == 2);
@@ -841,7 +821,7 @@ TEST_CASE("a failure in one nested gather cancels the sibling gathers", "[gather
     std::vector<asio::awaitable<std::vector<int>>> outer;
     outer.push_back(sluice::gather_with_concurrency(2, calls(svc, 4)));
     outer.push_back(sluice::gather_with_concurrency(2, std::move(inner)));
-    co_return co_await ending_of(sluice::gather(std::move(outer)));
+    co_return co_await sluice_test::ending_of(sluice::gather(std::move(outer)));
   });
   CHECK(how == "inner failed");
   CHECK(loop.now() == 1500ms);
@@ -866,7 +846,7 @@ TEST_CASE("gather on a strand keeps order, fails fast and can be cancelled", "[g
         r = co_await sluice::gather_with_concurrency(2, std::move(v));
         std::vector<asio::awaitable<int>> w = calls(svc, 3);
         w.push_back(fail_after(100ms, "strand failure"));
-        failed = co_await ending_of(sluice::gather(std::move(w)));
+        failed = co_await sluice_test::ending_of(sluice::gather(std::move(w)));
         auto x =
             co_await (sluice::gather_with_concurrency(2, calls(svc, 4)) || sluice::sleep(500ms));
         cancelled = x.index() == 1 ? "cancelled" : "ran";

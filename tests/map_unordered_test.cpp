@@ -11,6 +11,7 @@
 #include <asio/strand.hpp>
 
 #include <catch2/catch.hpp>
+#include <support/ending.hpp>
 #include <support/recorded_input.hpp>
 
 #include <algorithm>
@@ -718,19 +719,6 @@ TEST_CASE("map_unordered runs its tasks on a strand when the consumer runs on on
 
 namespace {
 
-// Awaits `a` and says how it ended: "ok", "aborted", or another exception's what().
-template <class A>
-asio::awaitable<std::string> ending_of(A a) {
-  try {
-    co_await std::move(a);
-  } catch (const std::system_error& e) {
-    co_return e.code() == asio::error::operation_aborted ? "aborted" : e.what();
-  } catch (const std::exception& e) {
-    co_return e.what();
-  }
-  co_return "ok";
-}
-
 asio::awaitable<int> call_or_fail(slow_service& svc, int i, int fail_at) {
   co_await svc.call(std::to_string(i));
   if (i == fail_at) throw std::runtime_error("task " + std::to_string(i) + " failed");
@@ -832,7 +820,7 @@ TEST_CASE("two task failures at the same instant: the first is rethrown once", "
     flight f;
     auto s = sluice::map_unordered([&](int d) { return nap_or_fail(f, d); },
                                    std::vector{-100, -100, 500}, 3);
-    auto how = co_await ending_of(s.next());
+    auto how = co_await sluice_test::ending_of(s.next());
     CHECK(how == "task 100 failed");
     CHECK(loop.now() == 100ms);
     CHECK(f.now == 0);
@@ -848,7 +836,7 @@ TEST_CASE("an input whose first element throws starts nothing and next() rethrow
   in.throw_at(0);
   loop.run([&]() -> asio::awaitable<void> {
     auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, in, 2);
-    auto how = co_await ending_of(s.next());
+    auto how = co_await sluice_test::ending_of(s.next());
     CHECK(how == "the input failed");
     auto again = co_await s.next();
     CHECK_FALSE(again);
@@ -893,7 +881,7 @@ TEST_CASE("a consumer cancelled by a timeout at the instant a task completes lea
     auto first = co_await s.next();
     CHECK(first == 0);
     // The next results arrive at 1 s, exactly when the timeout fires.
-    auto x = co_await (ending_of(s.next()) || sluice::sleep(1s));
+    auto x = co_await (sluice_test::ending_of(s.next()) || sluice::sleep(1s));
     (void)x;
     CHECK(svc.in_flight() == 0);
     const auto pulled = in.pulled();
@@ -924,7 +912,7 @@ TEST_CASE("close() cancelled while tasks ignore cancellation still waits, then a
     auto first = co_await s.next();
     CHECK(first == 1000);
     // The timeout wins; || then waits for the cancelled close() to finish.
-    auto how = co_await (ending_of(s.close()) || sluice::sleep(500ms));
+    auto how = co_await (sluice_test::ending_of(s.close()) || sluice::sleep(500ms));
     CHECK(how.index() == 1);
     CHECK(loop.now() == 3s);
     CHECK(finished == 3);
@@ -943,7 +931,7 @@ TEST_CASE("when the downstream stage fails the upstream stage is cancelled befor
         sluice::map_unordered([&](int i) { return call(up, i); }, iota_vec(100), 8), 1);
     // Downstream: one at a time (limit 1): it is busy with item 0 from 100 ms
     // to 1.1 s, while the upstream runs items 1..8 (5 s each) ahead.
-    auto how = co_await ending_of(s.next());
+    auto how = co_await sluice_test::ending_of(s.next());
     CHECK(how == "task 0 failed");
     CHECK(loop.now() == 1100ms);
     CHECK(down.in_flight() == 0);
@@ -992,7 +980,7 @@ TEST_CASE("a consumer of a pipeline cancelled in next() stops both stages before
     auto s = sluice::map_unordered(
         [&](int i) { return call(down, i); },
         sluice::map_unordered([&](int i) { return call(up, i); }, iota_vec(100), 8), 1);
-    auto x = co_await (ending_of(s.next()) || sluice::sleep(500ms));
+    auto x = co_await (sluice_test::ending_of(s.next()) || sluice::sleep(500ms));
     CHECK(x.index() == 1);
     CHECK(loop.now() == 500ms);
     CHECK(down.in_flight() == 0);
@@ -1024,7 +1012,7 @@ TEST_CASE("map_unordered on a strand survives failure, cancellation and destruct
           failed = how;
         }
         auto t = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(8), 3);
-        auto x = co_await (ending_of(t.next()) || sluice::sleep(500ms));
+        auto x = co_await (sluice_test::ending_of(t.next()) || sluice::sleep(500ms));
         cancelled = x.index() == 0 ? std::get<0>(x) : std::string("timeout");
         auto u = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(8), 3);
         co_await u.next();
