@@ -115,13 +115,6 @@ asio::awaitable<void, Executor> gather_worker(
   }
 }
 
-template <class Executor>
-asio::awaitable<void, Executor> throw_if_caller_cancelled() {
-  auto state = co_await asio::this_coro::cancellation_state;
-  if (state.cancelled() != asio::cancellation_type::none)
-    throw std::system_error(asio::error::operation_aborted, "sluice: cancelled before start");
-}
-
 template <class State>
 using state_executor_t = task_executor_t<typename State::task_type>;
 
@@ -137,7 +130,11 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   using executor_type = state_executor_t<State>;
   using result_type = state_result_t<State>;
 
-  co_await throw_if_caller_cancelled<executor_type>();
+  // A caller cancelled before the call starts nothing (also with
+  // throw_if_cancelled(false), where Asio itself would not throw).
+  const auto caller = co_await asio::this_coro::cancellation_state;
+  if (caller.cancelled() != asio::cancellation_type::none)
+    throw std::system_error(asio::error::operation_aborted, "sluice: cancelled before start");
   auto ex = co_await asio::this_coro::executor;
   if (s->input.done()) co_return result_type();
 
