@@ -5,16 +5,17 @@
 #   make asan    the whole suite under AddressSanitizer + UndefinedBehaviorSanitizer (g++:
 #                clang 14 cannot emit debug info for coroutines under the sanitizers;
 #                -Wmaybe-uninitialized gives false positives in Asio/Catch2 there)
+#   make test-boost  the whole suite on Boost.Asio (SLUICE_USE_BOOST_ASIO, g++)
 #   make bench   the benchmarks, each beside its baselines (Release)
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 
-.PHONY: deps demo test test-gcc test-clang asan bench clean
+.PHONY: deps demo test test-gcc test-clang test-boost asan bench clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -44,6 +45,11 @@ test-clang:
 	$(call configure,clang,clang++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF)
 	cmake --build build/clang -j$(JOBS)
 	cd build/clang && $(CTEST)
+
+test-boost: deps
+	$(call configure,boost,g++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_USE_BOOST_ASIO=ON)
+	cmake --build build/boost -j$(JOBS)
+	cd build/boost && $(CTEST)
 
 asan: deps
 	$(call configure,asan,g++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_SKIP_PACKAGING_TESTS=ON "-DCMAKE_CXX_FLAGS=$(ASAN_FLAGS)")

@@ -20,10 +20,7 @@
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 
-#include <asio/co_spawn.hpp>
-#include <asio/io_context.hpp>
-#include <asio/post.hpp>
-#include <asio/use_awaitable.hpp>
+#include <support/asio.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -12,10 +12,7 @@
 // Tasks complete at once, so the numbers are the machinery's cost per task.
 #include <sluice/map_unordered.hpp>
 
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/io_context.hpp>
-#include <asio/use_awaitable.hpp>
+#include <support/asio.hpp>
 
 #include <benchmark/benchmark.h>
 

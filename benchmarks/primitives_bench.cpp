@@ -18,10 +18,7 @@
 #include <sluice/lock.hpp>
 #include <sluice/semaphore.hpp>
 
-#include <asio/co_spawn.hpp>
-#include <asio/io_context.hpp>
-#include <asio/post.hpp>
-#include <asio/use_awaitable.hpp>
+#include <support/asio.hpp>
 
 #include <benchmark/benchmark.h>
 

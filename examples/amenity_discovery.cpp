@@ -17,8 +17,7 @@
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 
-#include <asio/co_spawn.hpp>
-#include <asio/io_context.hpp>
+#include <support/asio.hpp>
 
 #include <algorithm>
 #include <chrono>

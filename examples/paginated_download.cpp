@@ -14,9 +14,7 @@
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 
-#include <asio/co_spawn.hpp>
-#include <asio/io_context.hpp>
-#include <asio/this_coro.hpp>
+#include <support/asio.hpp>
 
 #include <unistd.h>
 

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
+#include <support/asio.hpp>
 #include <sluice/concepts.hpp>
 #include <sluice/stream.hpp>
 

@@ -6,8 +6,7 @@
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/post.hpp>
+#include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
 #include <support/spawned.hpp>
@@ -128,7 +127,7 @@ TEST_CASE("a cancelled wait still holds the lock afterwards", "[condition]") {
     co_await cv.acquire();
     try {
       co_await cv.wait();
-    } catch (const std::system_error&) {
+    } catch (const sluice::system_error&) {
       locked_after = cv.locked();
       cv.release();
       throw;
@@ -153,7 +152,7 @@ TEST_CASE("a wait cancelled while the lock is contested re-acquires it before th
     co_await cv.acquire();
     try {
       co_await cv.wait();
-    } catch (const std::system_error&) {
+    } catch (const sluice::system_error&) {
       locked_after = cv.locked();
       cv.release();
       throw;
@@ -222,7 +221,7 @@ TEST_CASE("a waiter notified and then cancelled while re-acquiring still holds t
     waited = true;
     try {
       co_await cv.wait();
-    } catch (const std::system_error&) {
+    } catch (const sluice::system_error&) {
       locked_after = cv.locked();
       throw;
     }
@@ -288,7 +287,7 @@ TEST_CASE("destroying a condition with waiters completes them with operation_abo
     co_await l.acquire();
     try {
       co_await cv->wait();
-    } catch (const std::system_error&) {
+    } catch (const sluice::system_error&) {
       locked_after = l.locked();
       l.release();
       throw;
@@ -352,7 +351,7 @@ TEST_CASE("notify(2) racing with the cancellation of both notified waiters reach
       co_await cv.acquire();
       try {
         co_await cv.wait();
-      } catch (const std::system_error&) {
+      } catch (const sluice::system_error&) {
         held_when_thrown[static_cast<std::size_t>(i)] = cv.locked();
         cv.release();
         throw;
@@ -386,7 +385,7 @@ TEST_CASE("a cancelled wait(pred) throws with the lock held and leaves no waiter
     auto g = co_await cv.scoped_acquire();
     try {
       co_await cv.wait([&] { return value == 2; });
-    } catch (const std::system_error&) {
+    } catch (const sluice::system_error&) {
       held = cv.locked();
       throw;
     }
@@ -416,7 +415,7 @@ TEST_CASE("destroying a condition that owns its lock while a coroutine waits doe
     co_await cv->acquire();
     try {
       co_await cv->wait();
-    } catch (const std::system_error& e) {
+    } catch (const sluice::system_error& e) {
       aborted = e.code() == asio::error::operation_aborted;
       throw;  // the condition and its lock are gone: nothing to release
     }
@@ -439,7 +438,7 @@ TEST_CASE("a condition destroyed after notifying a waiter that is then cancelled
     co_await l.acquire();
     try {
       co_await cv->wait();
-    } catch (const std::system_error&) {
+    } catch (const sluice::system_error&) {
       held = l.locked();
       l.release();
       throw;

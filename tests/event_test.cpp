@@ -6,10 +6,7 @@
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 
-#include <asio/bind_executor.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/post.hpp>
-#include <asio/use_future.hpp>
+#include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
 #include <support/death.hpp>
@@ -133,8 +130,8 @@ TEST_CASE("event async_wait works with use_awaitable, a plain callback and use_f
   auto& a =
       h.spawn([&]() -> asio::awaitable<void> { co_await ev.async_wait(asio::use_awaitable); });
   h.poll();
-  std::error_code cb_ec = asio::error::would_block;
-  ev.async_wait([&](std::error_code ec) { cb_ec = ec; });
+  sluice::error_code cb_ec = asio::error::would_block;
+  ev.async_wait([&](sluice::error_code ec) { cb_ec = ec; });
   std::future<void> fut = ev.async_wait(asio::use_future);
   CHECK(ev.waiters() == 3);
   ev.set();
@@ -146,7 +143,7 @@ TEST_CASE("event async_wait works with use_awaitable, a plain callback and use_f
   fut.get();
   // On a set event the operation still completes through a post.
   cb_ec = asio::error::would_block;
-  ev.async_wait([&](std::error_code ec) { cb_ec = ec; });
+  ev.async_wait([&](sluice::error_code ec) { cb_ec = ec; });
   CHECK(cb_ec == asio::error::would_block);
   h.poll();
   CHECK_FALSE(cb_ec);
@@ -154,7 +151,7 @@ TEST_CASE("event async_wait works with use_awaitable, a plain callback and use_f
 
 TEST_CASE("a bare callback on an event without an executor is rejected", "[event]") {
   sluice::event ev;
-  CHECK_THROWS_AS(ev.async_wait([](std::error_code) {}), std::invalid_argument);
+  CHECK_THROWS_AS(ev.async_wait([](sluice::error_code) {}), std::invalid_argument);
   CHECK(ev.waiters() == 0);
 }
 
@@ -216,8 +213,8 @@ TEST_CASE("a waiter cancelled between set and its resumption returns normally", 
   sluice::event e{h.loop.get_executor()};
   auto& a = h.spawn([&]() -> asio::awaitable<void> { co_await e.wait(); });
   asio::cancellation_signal sig;
-  std::error_code cb = asio::error::would_block;
-  e.async_wait(asio::bind_cancellation_slot(sig.slot(), [&](std::error_code ec) { cb = ec; }));
+  sluice::error_code cb = asio::error::would_block;
+  e.async_wait(asio::bind_cancellation_slot(sig.slot(), [&](sluice::error_code ec) { cb = ec; }));
   h.poll();
   e.set();
   a.cancel();
@@ -234,10 +231,10 @@ TEST_CASE("a callback waiter cancelled before set is aborted and the others stil
   tasks_on_loop h;
   sluice::event e{h.loop.get_executor()};
   asio::cancellation_signal sig;
-  std::error_code c1 = asio::error::would_block, c2 = c1;
-  e.async_wait(asio::bind_cancellation_slot(sig.slot(), [&](std::error_code ec) { c1 = ec; }));
+  sluice::error_code c1 = asio::error::would_block, c2 = c1;
+  e.async_wait(asio::bind_cancellation_slot(sig.slot(), [&](sluice::error_code ec) { c1 = ec; }));
   std::future<void> fut = e.async_wait(asio::use_future);
-  e.async_wait([&](std::error_code ec) { c2 = ec; });
+  e.async_wait([&](sluice::error_code ec) { c2 = ec; });
   sig.emit(asio::cancellation_type::terminal);
   CHECK(e.waiters() == 2);
   e.set();
@@ -252,8 +249,8 @@ TEST_CASE("destroying an event with waiters of every token kind aborts each of t
   tasks_on_loop h;
   auto e = std::make_unique<sluice::event>(h.loop.get_executor());
   auto& a = h.spawn([&]() -> asio::awaitable<void> { co_await e->wait(); });
-  std::error_code cb = asio::error::would_block;
-  e->async_wait([&](std::error_code ec) { cb = ec; });
+  sluice::error_code cb = asio::error::would_block;
+  e->async_wait([&](sluice::error_code ec) { cb = ec; });
   std::future<void> fut = e->async_wait(asio::use_future);
   h.poll();
   CHECK(e->waiters() == 3);
@@ -262,5 +259,5 @@ TEST_CASE("destroying an event with waiters of every token kind aborts each of t
   CHECK(a.cancelled());
   CHECK(cb == asio::error::operation_aborted);
   REQUIRE(fut.wait_for(5s) == std::future_status::ready);
-  CHECK_THROWS_AS(fut.get(), std::system_error);
+  CHECK_THROWS_AS(fut.get(), sluice::system_error);
 }

@@ -6,10 +6,7 @@
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 
-#include <asio/bind_executor.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/post.hpp>
-#include <asio/use_future.hpp>
+#include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
 #include <support/death.hpp>
@@ -210,8 +207,8 @@ TEST_CASE("lock holders are serialized across co_await", "[lock]") {
 TEST_CASE("lock async_acquire works with a plain callback and use_future", "[lock]") {
   tasks_on_loop h;
   sluice::lock l{h.loop.get_executor()};
-  std::error_code cb_ec = asio::error::would_block;
-  l.async_acquire([&](std::error_code ec) { cb_ec = ec; });
+  sluice::error_code cb_ec = asio::error::would_block;
+  l.async_acquire([&](sluice::error_code ec) { cb_ec = ec; });
   h.poll();
   CHECK_FALSE(cb_ec);
   CHECK(l.locked());

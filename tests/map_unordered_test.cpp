@@ -3,12 +3,7 @@
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 
-#include <asio/bind_cancellation_slot.hpp>
-#include <asio/cancellation_signal.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/strand.hpp>
+#include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
@@ -520,7 +515,7 @@ TEST_CASE(
   virtual_loop loop;
   slow_service svc({.latency = latency::fixed(1s)});
   asio::cancellation_signal cancel;
-  std::optional<std::error_code> ec;
+  std::optional<sluice::error_code> ec;
   std::optional<nanoseconds> ended_at;
   std::size_t in_flight_at_end = 99;
   auto consumer = [&]() -> asio::awaitable<void> {
@@ -529,7 +524,7 @@ TEST_CASE(
     try {
       while (co_await s.next()) {
       }
-    } catch (const std::system_error& e) {
+    } catch (const sluice::system_error& e) {
       ec = e.code();
       ended_at = loop.now();
       in_flight_at_end = svc.in_flight();

@@ -6,10 +6,7 @@
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 
-#include <asio/bind_executor.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/post.hpp>
-#include <asio/use_future.hpp>
+#include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
 #include <support/death.hpp>
@@ -215,9 +212,9 @@ TEST_CASE("async_get completes with the item once granted even if cancelled late
   tasks_on_loop h;
   sluice::queue<int> q{h.loop.get_executor()};
   asio::cancellation_signal sig;
-  std::error_code ec = asio::error::would_block;
+  sluice::error_code ec = asio::error::would_block;
   int got = 0;
-  q.async_get(asio::bind_cancellation_slot(sig.slot(), [&](std::error_code e, int v) {
+  q.async_get(asio::bind_cancellation_slot(sig.slot(), [&](sluice::error_code e, int v) {
     ec = e;
     got = v;
   }));
@@ -376,8 +373,8 @@ TEST_CASE("async_put and async_get work with use_awaitable, a plain callback and
   h.spawn(
       [&]() -> asio::awaitable<void> { by_awaitable = co_await q.async_get(asio::use_awaitable); });
   h.poll();
-  std::error_code put_ec = asio::error::would_block;
-  q.async_put("a", [&](std::error_code ec) { put_ec = ec; });
+  sluice::error_code put_ec = asio::error::would_block;
+  q.async_put("a", [&](sluice::error_code ec) { put_ec = ec; });
   CHECK(put_ec == asio::error::would_block);  // completes through a post
   h.poll();
   CHECK_FALSE(put_ec);
@@ -393,7 +390,7 @@ TEST_CASE("async_put and async_get work with use_awaitable, a plain callback and
   put_fut.get();
   blocked_put_fut.get();
   std::string cb_item;
-  q.async_get([&](std::error_code, std::string s) { cb_item = std::move(s); });
+  q.async_get([&](sluice::error_code, std::string s) { cb_item = std::move(s); });
   h.poll();
   CHECK(cb_item == "c");
 }
@@ -402,9 +399,9 @@ TEST_CASE("queue async operations report shut_down as an error code", "[queue]")
   tasks_on_loop h;
   sluice::queue<int> q{h.loop.get_executor()};
   q.shutdown();
-  std::error_code put_ec, get_ec;
-  q.async_put(1, [&](std::error_code ec) { put_ec = ec; });
-  q.async_get([&](std::error_code ec, int) { get_ec = ec; });
+  sluice::error_code put_ec, get_ec;
+  q.async_put(1, [&](sluice::error_code ec) { put_ec = ec; });
+  q.async_get([&](sluice::error_code ec, int) { get_ec = ec; });
   h.poll();
   CHECK(put_ec == sluice::queue_errc::shut_down);
   CHECK(get_ec == sluice::queue_errc::shut_down);
@@ -423,9 +420,9 @@ TEST_CASE("a queue holds move-only items", "[queue]") {
 
 TEST_CASE("a bare callback on a queue without an executor is rejected", "[queue]") {
   sluice::queue<int> q;
-  CHECK_THROWS_AS(q.async_put(1, [](std::error_code) {}), std::invalid_argument);
+  CHECK_THROWS_AS(q.async_put(1, [](sluice::error_code) {}), std::invalid_argument);
   CHECK(q.empty());
-  CHECK_THROWS_AS(q.async_get([](std::error_code, int) {}), std::invalid_argument);
+  CHECK_THROWS_AS(q.async_get([](sluice::error_code, int) {}), std::invalid_argument);
 }
 
 TEST_CASE("destroying a queue with waiters completes them with operation_aborted", "[queue]") {
@@ -553,9 +550,9 @@ TEST_CASE("an immediate shutdown fails waiting getters and putters and drops the
   CHECK(g1.succeeded());
   REQUIRE(q.try_put(2));
   auto& p = h.spawn([&]() -> asio::awaitable<void> { co_await q.put(3); });
-  std::error_code put_ec, get_ec;
+  sluice::error_code put_ec, get_ec;
   q.async_put(4,
-              asio::bind_executor(h.loop.get_executor(), [&](std::error_code ec) { put_ec = ec; }));
+              asio::bind_executor(h.loop.get_executor(), [&](sluice::error_code ec) { put_ec = ec; }));
   h.poll();
   CHECK(q.putters() == 2);
   CHECK(q.unfinished_tasks() == 2);
@@ -568,7 +565,7 @@ TEST_CASE("an immediate shutdown fails waiting getters and putters and drops the
   CHECK(put_ec == sluice::queue_errc::shut_down);
   auto& g2 = h.spawn([&]() -> asio::awaitable<void> { (void)co_await q.get(); });
   q.async_get(
-      asio::bind_executor(h.loop.get_executor(), [&](std::error_code ec, int) { get_ec = ec; }));
+      asio::bind_executor(h.loop.get_executor(), [&](sluice::error_code ec, int) { get_ec = ec; }));
   h.poll();
   CHECK(is_shut_down_error(g2));
   CHECK(get_ec == sluice::queue_errc::shut_down);
@@ -644,8 +641,8 @@ TEST_CASE("destroying a queue with waiters of every token kind aborts each of th
   auto q = std::make_unique<sluice::queue<std::string>>(h.loop.get_executor(), 1);
   auto& getter = h.spawn([&]() -> asio::awaitable<void> { (void)co_await q->get(); });
   h.poll();
-  std::error_code cb_get = asio::error::would_block;
-  q->async_get([&](std::error_code ec, std::string) { cb_get = ec; });
+  sluice::error_code cb_get = asio::error::would_block;
+  q->async_get([&](sluice::error_code ec, std::string) { cb_get = ec; });
   std::future<std::string> fut_get = q->async_get(asio::use_future);
   h.poll();
   CHECK(q->getters() == 3);
@@ -654,15 +651,15 @@ TEST_CASE("destroying a queue with waiters of every token kind aborts each of th
   CHECK(getter.cancelled());
   CHECK(cb_get == asio::error::operation_aborted);
   REQUIRE(fut_get.wait_for(5s) == std::future_status::ready);
-  CHECK_THROWS_AS(fut_get.get(), std::system_error);
+  CHECK_THROWS_AS(fut_get.get(), sluice::system_error);
 
   auto q2 = std::make_unique<sluice::queue<std::string>>(h.loop.get_executor(), 1);
   REQUIRE(q2->try_put(std::string(100, 'x')));
   auto& putter =
       h.spawn([&]() -> asio::awaitable<void> { co_await q2->put(std::string(100, 'y')); });
-  std::error_code cb_put = asio::error::would_block;
+  sluice::error_code cb_put = asio::error::would_block;
   h.poll();
-  q2->async_put(std::string(100, 'z'), [&](std::error_code ec) { cb_put = ec; });
+  q2->async_put(std::string(100, 'z'), [&](sluice::error_code ec) { cb_put = ec; });
   std::future<void> fut_put = q2->async_put(std::string(100, 'w'), asio::use_future);
   CHECK(q2->putters() == 3);
   q2.reset();
@@ -670,5 +667,5 @@ TEST_CASE("destroying a queue with waiters of every token kind aborts each of th
   CHECK(putter.cancelled());
   CHECK(cb_put == asio::error::operation_aborted);
   REQUIRE(fut_put.wait_for(5s) == std::future_status::ready);
-  CHECK_THROWS_AS(fut_put.get(), std::system_error);
+  CHECK_THROWS_AS(fut_put.get(), sluice::system_error);
 }

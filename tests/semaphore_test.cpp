@@ -6,12 +6,7 @@
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 
-#include <asio/bind_executor.hpp>
-#include <asio/detached.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
-#include <asio/post.hpp>
-#include <asio/strand.hpp>
-#include <asio/use_future.hpp>
+#include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
 #include <support/death.hpp>
@@ -275,9 +270,9 @@ TEST_CASE("async_acquire completes successfully once granted even if cancelled l
   tasks_on_loop h;
   sluice::semaphore sem{h.loop.get_executor(), 0};
   asio::cancellation_signal sig;
-  std::error_code result = asio::error::would_block;
+  sluice::error_code result = asio::error::would_block;
   sem.async_acquire(
-      asio::bind_cancellation_slot(sig.slot(), [&](std::error_code ec) { result = ec; }));
+      asio::bind_cancellation_slot(sig.slot(), [&](sluice::error_code ec) { result = ec; }));
   sem.release();
   sig.emit(asio::cancellation_type::terminal);  // too late: already granted
   h.poll();
@@ -366,8 +361,8 @@ TEST_CASE("async_acquire works with use_awaitable, a plain callback and use_futu
     by_awaitable = true;
   });
   h.poll();
-  std::error_code cb_ec = asio::error::would_block;
-  sem.async_acquire([&](std::error_code ec) { cb_ec = ec; });
+  sluice::error_code cb_ec = asio::error::would_block;
+  sem.async_acquire([&](sluice::error_code ec) { cb_ec = ec; });
   std::future<void> fut = sem.async_acquire(asio::use_future);
   CHECK(sem.waiters() == 3);
   sem.release();
@@ -383,7 +378,7 @@ TEST_CASE("async_acquire works with use_awaitable, a plain callback and use_futu
 
 TEST_CASE("a bare callback on a semaphore without an executor is rejected", "[semaphore]") {
   sluice::semaphore sem{1};
-  CHECK_THROWS_AS(sem.async_acquire([](std::error_code) {}), std::invalid_argument);
+  CHECK_THROWS_AS(sem.async_acquire([](sluice::error_code) {}), std::invalid_argument);
   CHECK(sem.value() == 1);
 }
 
@@ -392,9 +387,9 @@ TEST_CASE("destroying a semaphore with waiters completes them with operation_abo
   tasks_on_loop h;
   auto sem = std::make_unique<sluice::semaphore>(0);
   auto& a = h.spawn([&]() -> asio::awaitable<void> { co_await sem->acquire(); });
-  std::error_code cb_ec;
+  sluice::error_code cb_ec;
   sem->async_acquire(
-      asio::bind_executor(h.loop.get_executor(), [&](std::error_code ec) { cb_ec = ec; }));
+      asio::bind_executor(h.loop.get_executor(), [&](sluice::error_code ec) { cb_ec = ec; }));
   h.poll();
   sem.reset();
   h.poll();
@@ -577,10 +572,10 @@ TEST_CASE("callback waiters: cancelled before the grant aborts, after the grant 
   tasks_on_loop h;
   sluice::semaphore sem{h.loop.get_executor(), 0};
   asio::cancellation_signal s1, s2, s3;
-  std::error_code e1 = asio::error::would_block, e2 = e1, e3 = e1;
-  sem.async_acquire(asio::bind_cancellation_slot(s1.slot(), [&](std::error_code ec) { e1 = ec; }));
-  sem.async_acquire(asio::bind_cancellation_slot(s2.slot(), [&](std::error_code ec) { e2 = ec; }));
-  sem.async_acquire(asio::bind_cancellation_slot(s3.slot(), [&](std::error_code ec) { e3 = ec; }));
+  sluice::error_code e1 = asio::error::would_block, e2 = e1, e3 = e1;
+  sem.async_acquire(asio::bind_cancellation_slot(s1.slot(), [&](sluice::error_code ec) { e1 = ec; }));
+  sem.async_acquire(asio::bind_cancellation_slot(s2.slot(), [&](sluice::error_code ec) { e2 = ec; }));
+  sem.async_acquire(asio::bind_cancellation_slot(s3.slot(), [&](sluice::error_code ec) { e3 = ec; }));
   CHECK(sem.waiters() == 3);
   s1.emit(asio::cancellation_type::terminal);
   s1.emit(asio::cancellation_type::terminal);
@@ -620,7 +615,7 @@ TEST_CASE("a use_future waiter can be cancelled and its future gets operation_ab
   try {
     cancelled.get();
     FAIL("the cancelled future holds no error");
-  } catch (const std::system_error& e) {
+  } catch (const sluice::system_error& e) {
     CHECK(e.code() == asio::error::operation_aborted);
   }
   granted.get();
@@ -634,10 +629,10 @@ TEST_CASE("destroying a semaphore with waiters of every token kind aborts each o
   auto sem = std::make_unique<sluice::semaphore>(h.loop.get_executor(), 0);
   auto& coro = h.spawn([&]() -> asio::awaitable<void> { co_await sem->acquire(); });
   auto& scoped = h.spawn([&]() -> asio::awaitable<void> { (void)co_await sem->scoped_acquire(); });
-  std::error_code bare = asio::error::would_block, bound = bare;
-  sem->async_acquire([&](std::error_code ec) { bare = ec; });
+  sluice::error_code bare = asio::error::would_block, bound = bare;
+  sem->async_acquire([&](sluice::error_code ec) { bare = ec; });
   sem->async_acquire(
-      asio::bind_executor(h.loop.get_executor(), [&](std::error_code ec) { bound = ec; }));
+      asio::bind_executor(h.loop.get_executor(), [&](sluice::error_code ec) { bound = ec; }));
   std::future<void> fut = sem->async_acquire(asio::use_future);
   h.poll();
   CHECK(sem->waiters() == 5);
@@ -648,7 +643,7 @@ TEST_CASE("destroying a semaphore with waiters of every token kind aborts each o
   CHECK(bare == asio::error::operation_aborted);
   CHECK(bound == asio::error::operation_aborted);
   REQUIRE(fut.wait_for(5s) == std::future_status::ready);
-  CHECK_THROWS_AS(fut.get(), std::system_error);
+  CHECK_THROWS_AS(fut.get(), sluice::system_error);
 }
 
 TEST_CASE("a bare callback runs on the semaphore's executor, a bound one on its own",
@@ -658,12 +653,12 @@ TEST_CASE("a bare callback runs on the semaphore's executor, a bound one on its 
   auto strand_b = asio::make_strand(loop.get_executor());
   sluice::semaphore sem{strand_a, 0};
   int on_a = 0, on_b = 0;
-  sem.async_acquire([&](std::error_code ec) {
+  sem.async_acquire([&](sluice::error_code ec) {
     CHECK_FALSE(ec);
     on_a += strand_a.running_in_this_thread() ? 1 : 0;
     on_b += strand_b.running_in_this_thread() ? 1 : 0;
   });
-  sem.async_acquire(asio::bind_executor(strand_b, [&](std::error_code ec) {
+  sem.async_acquire(asio::bind_executor(strand_b, [&](sluice::error_code ec) {
     CHECK_FALSE(ec);
     on_a += strand_a.running_in_this_thread() ? 10 : 0;
     on_b += strand_b.running_in_this_thread() ? 10 : 0;

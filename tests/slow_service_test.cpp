@@ -3,8 +3,7 @@
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 
-#include <asio/co_spawn.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
+#include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
 

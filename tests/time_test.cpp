@@ -2,11 +2,7 @@
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 
-#include <asio/bind_cancellation_slot.hpp>
-#include <asio/cancellation_signal.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/io_context.hpp>
-#include <asio/strand.hpp>
+#include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -74,7 +70,7 @@ TEST_CASE("cancelling a sleep ends it at once with operation_aborted", "[time]")
   CHECK(loop.now() == 2s);
   try {
     std::rethrow_exception(error);
-  } catch (const std::system_error& e) {
+  } catch (const sluice::system_error& e) {
     CHECK(e.code() == asio::error::operation_aborted);
   }
 }

@@ -4,7 +4,7 @@
 
 #include <sluice/config.hpp>
 
-#include <asio/awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <concepts>
 #include <iterator>

@@ -7,16 +7,7 @@
 #include <sluice/detail/waiter_list.hpp>
 #include <sluice/lock.hpp>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/async_result.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/cancellation_state.hpp>
-#include <asio/error.hpp>
-#include <asio/execution/executor.hpp>
-#include <asio/is_executor.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -44,7 +35,7 @@ namespace sluice {
 /// Per-Operation Cancellation: `wait()` reacts to the coroutine's cancellation
 /// (terminal, partial, total). Whatever happens, it re-acquires the lock before
 /// it returns or throws, even when cancelled, and then throws
-/// `std::system_error(operation_aborted)`. A waiter that was notified but
+/// `system_error(operation_aborted)`. A waiter that was notified but
 /// cancelled before `wait()` returned (still queued for the coroutine's turn,
 /// or re-acquiring the lock) passes its notification on to the next waiter,
 /// so a `notify()` racing with a cancellation is never lost.
@@ -103,7 +94,7 @@ class condition {
 
   /// Releases the lock, waits for a notification, re-acquires the lock.
   /// Throws `std::logic_error` if the lock is not held, and
-  /// `std::system_error(operation_aborted)` when cancelled, in both cases with
+  /// `system_error(operation_aborted)` when cancelled, in both cases with
   /// the lock held again.
   [[nodiscard]] asio::awaitable<void> wait() {
     if (!lock_->locked()) {
@@ -129,7 +120,7 @@ class condition {
     }
     if (owns_lock && alive.expired()) {
       if (!failure)
-        failure = std::make_exception_ptr(std::system_error(asio::error::operation_aborted));
+        failure = std::make_exception_ptr(system_error(asio::error::operation_aborted));
       std::rethrow_exception(failure);
     }
     // Re-acquire even when cancelled: disable throw_if_cancelled meanwhile,
@@ -150,7 +141,7 @@ class condition {
       // and the notification goes to the next waiter, if there still is a
       // condition to have one.
       if (!alive.expired()) wake(1);
-      throw std::system_error(asio::error::operation_aborted);
+      throw system_error(asio::error::operation_aborted);
     }
   }
 
@@ -185,12 +176,12 @@ class condition {
     for (; n > 0; --n) {
       detail::waiter_node* w = waiters_.pop_front();
       if (w == nullptr) return;
-      static_cast<detail::wait_op*>(w)->complete(std::error_code{});
+      static_cast<detail::wait_op*>(w)->complete(error_code{});
     }
   }
 
   asio::awaitable<void> wait_notified() {
-    return asio::async_initiate<const asio::use_awaitable_t<>&, void(std::error_code)>(
+    return asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
         [this](auto&& handler) {
           const auto& ex = lock_->core_.executor();
           affinity_.bind(asio::get_associated_executor(handler, ex));

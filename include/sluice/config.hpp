@@ -13,10 +13,53 @@
 /// also defines both macros, so projects that link it never notice.
 ///
 /// Configuration points:
+/// - `SLUICE_USE_BOOST_ASIO`: define it (the CMake option of the same name does)
+///   to build on Boost.Asio (Boost 1.80+) instead of standalone Asio. Public
+///   signatures then read `boost::asio::awaitable<T>` and
+///   `boost::system::error_code`: sluice names Asio only through the aliases
+///   `sluice::asio`, `sluice::error_code` and `sluice::system_error`.
 /// - `SLUICE_AFFINITY_CHECKS`: 1 to check in primitives that they are used from
 ///   the thread running their loop (aborts with a message naming the primitive).
 ///   Defaults to 1 when `NDEBUG` is not defined, 0 otherwise.
 
+#if defined(SLUICE_USE_BOOST_ASIO)
+// ---- Boost.Asio backend -------------------------------------------------
+#include <boost/version.hpp>
+#if BOOST_VERSION < 108000
+#error \
+    "sluice: SLUICE_USE_BOOST_ASIO needs Boost 1.80 or newer (Asio 1.24+, per-operation cancellation). Debian: apt-get install libboost1.81-dev."
+#endif
+#if defined(__clang__) && !defined(BOOST_ASIO_HAS_CO_AWAIT) && __has_include(<coroutine>) && \
+    defined(__cpp_impl_coroutine)
+#define BOOST_ASIO_HAS_CO_AWAIT 1
+#if !defined(BOOST_ASIO_HAS_STD_COROUTINE)
+#define BOOST_ASIO_HAS_STD_COROUTINE 1
+#endif
+#endif
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/version.hpp>
+#include <boost/system/error_code.hpp>
+#include <boost/system/system_error.hpp>
+#if !defined(BOOST_ASIO_HAS_CO_AWAIT)
+#error "sluice needs C++20 coroutines: compile with -std=c++20 (g++ >= 12, clang++ >= 14)."
+#endif
+#define SLUICE_ASIO_VERSION BOOST_ASIO_VERSION
+
+namespace sluice {
+/// The Asio sluice is built on: `boost::asio` when `SLUICE_USE_BOOST_ASIO` is
+/// defined, standalone `::asio` otherwise. Every public signature names Asio
+/// through it, so the same headers serve both.
+namespace asio = ::boost::asio;
+/// The error code type of the selected Asio (`boost::system::error_code`).
+using error_code = ::boost::system::error_code;
+/// The exception type the selected Asio throws (`boost::system::system_error`).
+using system_error = ::boost::system::system_error;
+/// The error category base of the selected Asio.
+using error_category = ::boost::system::error_category;
+}  // namespace sluice
+
+#else
+// ---- standalone Asio (default) -----------------------------------------
 #if defined(__clang__) && !defined(ASIO_HAS_CO_AWAIT)
 // Asio decides coroutine support when <asio/awaitable.hpp> is first included;
 // enabling it afterwards is too late.
@@ -42,6 +85,22 @@
 
 #if !defined(ASIO_HAS_CO_AWAIT)
 #error "sluice needs C++20 coroutines: compile with -std=c++20 (g++ >= 12, clang++ >= 14)."
+#endif
+#include <system_error>
+#define SLUICE_ASIO_VERSION ASIO_VERSION
+
+namespace sluice {
+/// The Asio sluice is built on: standalone `::asio` by default,
+/// `boost::asio` when `SLUICE_USE_BOOST_ASIO` is defined.
+namespace asio = ::asio;
+/// The error code type of the selected Asio (`std::error_code`).
+using error_code = std::error_code;
+/// The exception type the selected Asio throws (`std::system_error`).
+using system_error = std::system_error;
+/// The error category base of the selected Asio.
+using error_category = std::error_category;
+}  // namespace sluice
+
 #endif
 
 #if !defined(SLUICE_AFFINITY_CHECKS)

@@ -6,13 +6,7 @@
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/waiter_list.hpp>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/async_result.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/execution/executor.hpp>
-#include <asio/is_executor.hpp>
-#include <asio/use_awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <cstddef>
 #include <system_error>
@@ -71,7 +65,7 @@ class event {
     if (set_) return;
     set_ = true;
     while (detail::waiter_node* n = waiters_.pop_front()) {
-      static_cast<detail::wait_op*>(n)->complete(std::error_code{});
+      static_cast<detail::wait_op*>(n)->complete(error_code{});
     }
   }
 
@@ -85,11 +79,11 @@ class event {
   [[nodiscard]] bool is_set() const noexcept { return set_; }
 
   /// Waits until the flag is set. Completion signature
-  /// `void(std::error_code)`; `operation_aborted` if cancelled or if the event
+  /// `void(error_code)`; `operation_aborted` if cancelled or if the event
   /// is destroyed first. Completes through a post even when already set.
-  template <asio::completion_token_for<void(std::error_code)> CompletionToken>
+  template <asio::completion_token_for<void(error_code)> CompletionToken>
   auto async_wait(CompletionToken&& token) {
-    return asio::async_initiate<CompletionToken, void(std::error_code)>(
+    return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler) {
           affinity_.check("sluice::event");
           affinity_.bind(asio::get_associated_executor(handler, ex_));

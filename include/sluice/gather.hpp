@@ -8,11 +8,7 @@
 #include <sluice/detail/range_holder.hpp>
 #include <sluice/outcome.hpp>
 
-#include <asio/awaitable.hpp>
-#include <asio/error.hpp>
-#include <asio/redirect_error.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -134,7 +130,7 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   // throw_if_cancelled(false), where Asio itself would not throw).
   const auto caller = co_await asio::this_coro::cancellation_state;
   if (caller.cancelled() != asio::cancellation_type::none)
-    throw std::system_error(asio::error::operation_aborted, "sluice: cancelled before start");
+    throw system_error(asio::error::operation_aborted, "sluice: cancelled before start");
   auto ex = co_await asio::this_coro::executor;
   if (s->input.done()) co_return result_type();
 
@@ -147,11 +143,11 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
 
   // The token is a named local: g++ 12 may destroy a co_await operand's
   // brace-initialised temporaries twice.
-  std::error_code ec;
+  error_code ec;
   auto join_token = asio::redirect_error(asio::use_awaitable_t<executor_type>(), ec);
   co_await s->children->async_join(ex, join_token);
   if (s->first_error) std::rethrow_exception(s->first_error);
-  if (ec) throw std::system_error(ec, "sluice::gather");
+  if (ec) throw system_error(ec, "sluice::gather");
   if (auto e = s->children->escaped()) std::rethrow_exception(e);
 
   if constexpr (!std::is_void_v<result_type>) {
@@ -258,7 +254,7 @@ inline constexpr bool dependent_false = false;
 /// - An exception thrown by the range itself (its iterator) is handled the same
 ///   way.
 /// - Per-Operation Cancellation: cancelling the caller (terminal) cancels all
-///   running tasks, waits for them, and throws `std::system_error` with
+///   running tasks, waits for them, and throws `system_error` with
 ///   `asio::error::operation_aborted`.
 /// - Empty input completes at once with an empty vector. `limit == 0` throws
 ///   `std::invalid_argument` before anything starts.

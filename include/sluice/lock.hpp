@@ -5,11 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/async_result.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/execution/executor.hpp>
-#include <asio/is_executor.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <cstddef>
 #include <system_error>
@@ -97,9 +93,9 @@ class lock {
   lock(const lock&) = delete;
   lock& operator=(const lock&) = delete;
 
-  /// Waits for the lock. Completion signature `void(std::error_code)`;
+  /// Waits for the lock. Completion signature `void(error_code)`;
   /// `operation_aborted` if cancelled or if the lock is destroyed first.
-  template <asio::completion_token_for<void(std::error_code)> CompletionToken>
+  template <asio::completion_token_for<void(error_code)> CompletionToken>
   auto async_acquire(CompletionToken&& token) {
     return core_.async_acquire(std::forward<CompletionToken>(token));
   }

@@ -9,9 +9,7 @@
 #include <sluice/outcome.hpp>
 #include <sluice/stream.hpp>
 
-#include <asio/awaitable.hpp>
-#include <asio/post.hpp>
-#include <asio/use_awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <concepts>
 #include <cstddef>

@@ -6,17 +6,7 @@
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/waiter_list.hpp>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/async_result.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/cancellation_state.hpp>
-#include <asio/error.hpp>
-#include <asio/execution/executor.hpp>
-#include <asio/is_executor.hpp>
-#include <asio/redirect_error.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -37,8 +27,8 @@ enum class queue_errc {
 };
 
 /// The category of `queue_errc`.
-inline const std::error_category& queue_category() noexcept {
-  struct category final : std::error_category {
+inline const error_category& queue_category() noexcept {
+  struct category final : error_category {
     const char* name() const noexcept override { return "sluice.queue"; }
     std::string message(int ev) const override {
       return ev == static_cast<int>(queue_errc::shut_down) ? "the queue was shut down"
@@ -49,24 +39,29 @@ inline const std::error_category& queue_category() noexcept {
   return instance;
 }
 
-/// Makes a `std::error_code` from a `queue_errc`.
-inline std::error_code make_error_code(queue_errc e) noexcept {
+/// Makes a `error_code` from a `queue_errc`.
+inline error_code make_error_code(queue_errc e) noexcept {
   return {static_cast<int>(e), queue_category()};
 }
 
 }  // namespace sluice
 
+#if defined(SLUICE_USE_BOOST_ASIO)
+template <>
+struct boost::system::is_error_code_enum<sluice::queue_errc> : std::true_type {};
+#else
 template <>
 struct std::is_error_code_enum<sluice::queue_errc> : std::true_type {};
+#endif
 
 namespace sluice {
 
 /// Thrown by `queue` members that put into a shut-down queue, or get from a
 /// shut-down queue that is empty. Its code is `queue_errc::shut_down`, the
 /// error the `async_*` operations report in the same situations.
-class queue_shut_down : public std::system_error {
+class queue_shut_down : public system_error {
  public:
-  explicit queue_shut_down(const char* what) : std::system_error(queue_errc::shut_down, what) {}
+  explicit queue_shut_down(const char* what) : system_error(queue_errc::shut_down, what) {}
 };
 
 namespace detail {
@@ -87,7 +82,7 @@ struct put_node : wait_op {
 // Delivers the item as T (value-initialized on error).
 template <class T>
 struct deliver_item {
-  std::tuple<T> operator()(get_node<T>& n, std::error_code) const {
+  std::tuple<T> operator()(get_node<T>& n, error_code) const {
     if (n.item) return std::tuple<T>(std::move(*n.item));
     return std::tuple<T>(T{});
   }
@@ -96,7 +91,7 @@ struct deliver_item {
 // Delivers the item as std::optional<T> (no default constructor needed).
 template <class T>
 struct deliver_optional {
-  std::tuple<std::optional<T>> operator()(get_node<T>& n, std::error_code) const {
+  std::tuple<std::optional<T>> operator()(get_node<T>& n, error_code) const {
     return std::tuple<std::optional<T>>(std::move(n.item));
   }
 };
@@ -189,12 +184,12 @@ class queue {
   }
 
   /// Puts `value`, waiting for room. Completion signature
-  /// `void(std::error_code)`: `queue_errc::shut_down` if the queue is (or gets)
+  /// `void(error_code)`: `queue_errc::shut_down` if the queue is (or gets)
   /// shut down, `operation_aborted` if cancelled or destroyed (the item is
   /// then dropped).
-  template <asio::completion_token_for<void(std::error_code)> CompletionToken>
+  template <asio::completion_token_for<void(error_code)> CompletionToken>
   auto async_put(T value, CompletionToken&& token) {
-    return asio::async_initiate<CompletionToken, void(std::error_code)>(
+    return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler, T v) {
           affinity_.check("sluice::queue");
           affinity_.bind(asio::get_associated_executor(handler, ex_));
@@ -219,25 +214,25 @@ class queue {
 
   /// Puts `value`, waiting for room; does not suspend when there is room.
   /// Throws `queue_shut_down` after `shutdown()`, and
-  /// `std::system_error(operation_aborted)` if cancelled before the item went in.
+  /// `system_error(operation_aborted)` if cancelled before the item went in.
   [[nodiscard]] asio::awaitable<void> put(T value) {
     if (try_put_value(value)) co_return;
-    std::error_code ec;
+    error_code ec;
     co_await async_put(std::move(value), asio::redirect_error(asio::use_awaitable, ec));
     if (ec == queue_errc::shut_down) {
       throw queue_shut_down("sluice::queue::put: the queue was shut down");
     }
-    if (ec) throw std::system_error(ec);
+    if (ec) throw system_error(ec);
   }
 
   /// Takes the oldest item, waiting for one. Completion signature
-  /// `void(std::error_code, T)` (needs a default-constructible `T` for the
+  /// `void(error_code, T)` (needs a default-constructible `T` for the
   /// error case): `queue_errc::shut_down` when shut down and empty,
   /// `operation_aborted` if cancelled or destroyed.
-  template <asio::completion_token_for<void(std::error_code, T)> CompletionToken>
+  template <asio::completion_token_for<void(error_code, T)> CompletionToken>
   requires std::default_initializable<T>
   auto async_get(CompletionToken&& token) {
-    return asio::async_initiate<CompletionToken, void(std::error_code, T)>(
+    return asio::async_initiate<CompletionToken, void(error_code, T)>(
         [self = this](auto&& handler) {
           self->template initiate_get<detail::deliver_item<T>>(
               std::forward<decltype(handler)>(handler), "sluice::queue::async_get");
@@ -247,7 +242,7 @@ class queue {
 
   /// Takes the oldest item, waiting for one; does not suspend when there is
   /// one. Throws `queue_shut_down` when shut down and empty, and
-  /// `std::system_error(operation_aborted)` if cancelled (no item is lost).
+  /// `system_error(operation_aborted)` if cancelled (no item is lost).
   [[nodiscard]] asio::awaitable<T> get() {
     if (!items_.empty()) {
       affinity_.check("sluice::queue");
@@ -256,10 +251,10 @@ class queue {
     if (shut_down_) throw queue_shut_down("sluice::queue::get: the queue was shut down");
     auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
-    std::error_code ec;
+    error_code ec;
     auto token = asio::redirect_error(asio::use_awaitable, ec);
     std::optional<T> item =
-        co_await asio::async_initiate<decltype(token), void(std::error_code, std::optional<T>)>(
+        co_await asio::async_initiate<decltype(token), void(error_code, std::optional<T>)>(
             [self = this](auto&& handler) {
               self->template initiate_get<detail::deliver_optional<T>>(
                   std::forward<decltype(handler)>(handler), "sluice::queue::get");
@@ -268,10 +263,10 @@ class queue {
     if (ec == queue_errc::shut_down) {
       throw queue_shut_down("sluice::queue::get: the queue was shut down");
     }
-    if (ec) throw std::system_error(ec);
+    if (ec) throw system_error(ec);
     if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
       give_back(std::move(*item));
-      throw std::system_error(asio::error::operation_aborted);
+      throw system_error(asio::error::operation_aborted);
     }
     co_return std::move(*item);
   }
@@ -288,11 +283,11 @@ class queue {
   }
 
   /// Waits until every item put has been marked `task_done()`. Completion
-  /// signature `void(std::error_code)`; `operation_aborted` if cancelled or
+  /// signature `void(error_code)`; `operation_aborted` if cancelled or
   /// destroyed.
-  template <asio::completion_token_for<void(std::error_code)> CompletionToken>
+  template <asio::completion_token_for<void(error_code)> CompletionToken>
   auto async_join(CompletionToken&& token) {
-    return asio::async_initiate<CompletionToken, void(std::error_code)>(
+    return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler) {
           affinity_.check("sluice::queue");
           affinity_.bind(asio::get_associated_executor(handler, ex_));
@@ -324,7 +319,7 @@ class queue {
       }
       if (unfinished_ == 0) wake_joiners();
     }
-    const std::error_code ec = queue_errc::shut_down;
+    const error_code ec = queue_errc::shut_down;
     // Getters wait only while the queue is empty.
     while (detail::waiter_node* n = getters_.pop_front())
       static_cast<detail::wait_op*>(n)->complete(ec);
@@ -365,7 +360,7 @@ class queue {
       auto* g = static_cast<detail::get_node<T>*>(n);
       g->item.emplace(std::move(v));
       ++unfinished_;
-      g->complete(std::error_code{});
+      g->complete(error_code{});
       return true;
     }
     if (full()) return false;
@@ -390,7 +385,7 @@ class queue {
         items_.push_back(std::move(*p->item));
         p->item.reset();
         ++unfinished_;
-        p->complete(std::error_code{});
+        p->complete(error_code{});
       }
     }
     return v;
@@ -405,7 +400,7 @@ class queue {
     if (detail::waiter_node* n = getters_.pop_front()) {
       auto* g = static_cast<detail::get_node<T>*>(n);
       g->item.emplace(std::move(v));
-      g->complete(std::error_code{});
+      g->complete(error_code{});
       return;
     }
     items_.push_front(std::move(v));
@@ -441,7 +436,7 @@ class queue {
 
   void wake_joiners() {
     while (detail::waiter_node* n = joiners_.pop_front()) {
-      static_cast<detail::wait_op*>(n)->complete(std::error_code{});
+      static_cast<detail::wait_op*>(n)->complete(error_code{});
     }
   }
 

@@ -5,11 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/async_result.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/execution/executor.hpp>
-#include <asio/is_executor.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <cstddef>
 #include <system_error>
@@ -112,16 +108,16 @@ class semaphore {
   semaphore(const semaphore&) = delete;
   semaphore& operator=(const semaphore&) = delete;
 
-  /// Waits for a permit. Completion signature `void(std::error_code)`; the
+  /// Waits for a permit. Completion signature `void(error_code)`; the
   /// error is `asio::error::operation_aborted` if cancelled or if the semaphore
   /// is destroyed first. Completes through a post even when a permit is free.
-  template <asio::completion_token_for<void(std::error_code)> CompletionToken>
+  template <asio::completion_token_for<void(error_code)> CompletionToken>
   auto async_acquire(CompletionToken&& token) {
     return core_.async_acquire(std::forward<CompletionToken>(token));
   }
 
   /// Waits for a permit; does not suspend when one is free and nobody waits.
-  /// Throws `std::system_error(operation_aborted)` when cancelled (holding
+  /// Throws `system_error(operation_aborted)` when cancelled (holding
   /// nothing).
   [[nodiscard]] asio::awaitable<void> acquire() { return core_.acquire(); }
 

@@ -5,8 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/stream_core.hpp>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -96,7 +95,7 @@ class stream {
   /// Per-Operation Cancellation: terminal cancellation of the awaiting
   /// coroutine while it waits closes the stream: the running tasks are
   /// cancelled, `next()` waits until all of them have finished and then throws
-  /// `std::system_error` with `asio::error::operation_aborted`. Later calls
+  /// `system_error` with `asio::error::operation_aborted`. Later calls
   /// yield nothing (or a task's failure that came first).
   ///
   /// Before `next()` reports a failure or a cancellation, an owned

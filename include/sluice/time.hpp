@@ -6,14 +6,7 @@
 #include <sluice/detail/completion.hpp>
 #include <sluice/detail/virtual_clock.hpp>
 
-#include <asio/associated_cancellation_slot.hpp>
-#include <asio/async_result.hpp>
-#include <asio/error.hpp>
-#include <asio/execution/context_as.hpp>
-#include <asio/post.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <chrono>
 
@@ -45,7 +38,7 @@ struct virtual_sleep_op final : virtual_timer_node {
     fire = &do_fire;
   }
 
-  static void do_fire(virtual_timer_node* n, bool invoke, std::error_code ec) {
+  static void do_fire(virtual_timer_node* n, bool invoke, error_code ec) {
     auto* op = static_cast<virtual_sleep_op*>(n);
     Handler h = std::move(op->handler);
     Executor ex = op->ex;
@@ -113,7 +106,7 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
     // Named, not a temporary of the co_await expression: g++ 12 destroys such
     // temporaries twice, which over-releases a ref-counted executor (a strand).
     initiate_virtual_sleep<Executor> initiation{ex, v};
-    co_await asio::async_initiate<const asio::use_awaitable_t<Executor>&, void(std::error_code)>(
+    co_await asio::async_initiate<const asio::use_awaitable_t<Executor>&, void(error_code)>(
         std::move(initiation), asio::use_awaitable_t<Executor>{}, deadline);
   } else {
     asio::basic_waitable_timer<clock, asio::wait_traits<clock>, Executor> timer(ex, deadline);
@@ -127,7 +120,7 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
 ///
 /// Resumes on the coroutine's executor. Per-Operation Cancellation: terminal,
 /// partial and total cancellation end the wait at once with
-/// `asio::error::operation_aborted` (thrown as `std::system_error`).
+/// `asio::error::operation_aborted` (thrown as `system_error`).
 [[nodiscard]] inline asio::awaitable<void> sleep_until(clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
   co_await detail::wait_until(ex, detail::find_virtual_clock(ex), deadline);

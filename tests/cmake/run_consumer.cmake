@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: BSL-1.0
-# Builds tests/cmake/consumer against sluice, either installed into a
-# temporary prefix (KIND=find_package) or vendored (KIND=add_subdirectory).
+# Builds tests/cmake/consumer against sluice: installed into a temporary prefix
+# (KIND=find_package), vendored (KIND=add_subdirectory), or through
+# FetchContent with SOURCE_DIR (KIND=fetchcontent). USE_BOOST=ON selects
+# Boost.Asio in the consumer (the installed package is built with the default
+# backend, so find_package also proves the consumer's choice wins).
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 function(run)
@@ -9,18 +12,22 @@ function(run)
     message(FATAL_ERROR "failed (${rc}): ${ARGV}\n${out}")
   endif()
 endfunction()
+if(NOT USE_BOOST)
+  set(USE_BOOST OFF)
+endif()
 set(consumer ${SOURCE_DIR}/tests/cmake/consumer)
+set(common -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DSLUICE_USE_BOOST_ASIO=${USE_BOOST})
 if(KIND STREQUAL "find_package")
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/sluice -G ${GENERATOR}
       -DCMAKE_CXX_COMPILER=${CXX} -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF
       -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_INSTALL=ON)
   run(${CMAKE_COMMAND} --install ${WORK_DIR}/sluice --prefix ${WORK_DIR}/prefix)
-  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/consumer -G ${GENERATOR}
-      -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DUSE_FIND_PACKAGE=ON)
+  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/consumer ${common}
+      -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DHOW=find_package)
 else()
-  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/consumer -G ${GENERATOR}
-      -DCMAKE_CXX_COMPILER=${CXX} -DSLUICE_SOURCE_DIR=${SOURCE_DIR})
+  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/consumer ${common}
+      -DSLUICE_SOURCE_DIR=${SOURCE_DIR} -DHOW=${KIND})
 endif()
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
 run(${WORK_DIR}/consumer/consumer)
-message(STATUS "${KIND} consumer built and ran")
+message(STATUS "${KIND} consumer (Boost.Asio: ${USE_BOOST}) built and ran")

@@ -5,8 +5,7 @@
 // How a task ended, as a string a test can compare: "ok", "aborted"
 // (operation_aborted), or the what() of any other exception.
 
-#include <asio/awaitable.hpp>
-#include <asio/error.hpp>
+#include <support/asio.hpp>
 
 #include <exception>
 #include <string>
@@ -19,7 +18,7 @@ inline std::string ending_of_exception(std::exception_ptr e) {
   if (!e) return "ok";
   try {
     std::rethrow_exception(e);
-  } catch (const std::system_error& x) {
+  } catch (const sluice::system_error& x) {
     return x.code() == asio::error::operation_aborted ? "aborted" : x.what();
   } catch (const std::exception& x) {
     return x.what();

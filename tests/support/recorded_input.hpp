@@ -12,7 +12,7 @@
 
 #include <sluice/time.hpp>
 
-#include <asio/awaitable.hpp>
+#include <support/asio.hpp>
 
 #include <algorithm>
 #include <chrono>

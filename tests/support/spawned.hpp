@@ -8,10 +8,7 @@
 
 #include <sluice/testing/virtual_time.hpp>
 
-#include <asio/bind_cancellation_slot.hpp>
-#include <asio/cancellation_signal.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/error.hpp>
+#include <support/asio.hpp>
 
 #include <exception>
 #include <functional>
@@ -33,12 +30,12 @@ struct task {
   bool succeeded() const { return done && !error; }
   bool failed() const { return done && error; }
 
-  // True if it finished with std::system_error(operation_aborted).
+  // True if it finished with sluice::system_error(operation_aborted).
   bool cancelled() const {
     if (!done || !error) return false;
     try {
       std::rethrow_exception(error);
-    } catch (const std::system_error& e) {
+    } catch (const sluice::system_error& e) {
       return e.code() == asio::error::operation_aborted;
     } catch (...) {
       return false;
@@ -64,7 +61,7 @@ struct tasks_on_loop {
     task* raw = t.get();
     tasks.push_back(std::move(t));
     asio::co_spawn(loop.get_executor(), raw->body(),
-                   asio::bind_cancellation_slot(raw->signal.slot(), [raw](std::exception_ptr e) {
+                   sluice_test::bind_slot(raw->signal.slot(), [raw](std::exception_ptr e) {
                      raw->done = true;
                      raw->error = e;
                    }));

@@ -4,9 +4,7 @@
 
 #include <sluice/config.hpp>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/io_context.hpp>
-#include <asio/strand.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <cstdio>
 #include <cstdlib>

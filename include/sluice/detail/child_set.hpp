@@ -5,11 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
 
-#include <asio/async_result.hpp>
-#include <asio/bind_cancellation_slot.hpp>
-#include <asio/cancellation_signal.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/error.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <cstddef>
 #include <deque>
@@ -79,18 +75,18 @@ class child_set : public std::enable_shared_from_this<child_set> {
       if (i != except) cancel(i, type);
   }
 
-  // Waits until no child runs: void(std::error_code). If the waiting parent is
+  // Waits until no child runs: void(error_code). If the waiting parent is
   // cancelled meanwhile, every child is cancelled, the join still waits for all
   // of them, then completes with operation_aborted. Never completes inline.
   template <class Executor, class Token>
   auto async_join(const Executor& ex, Token&& token) {
-    return asio::async_initiate<Token, void(std::error_code)>(
+    return asio::async_initiate<Token, void(error_code)>(
         [self = shared_from_this(), ex](auto handler) {
           if (self->running_ == 0) {
             post_completion(std::move(handler), ex,
                             self->parent_cancelled_
-                                ? std::error_code(asio::error::operation_aborted)
-                                : std::error_code());
+                                ? error_code(asio::error::operation_aborted)
+                                : error_code());
             return;
           }
           auto slot = asio::get_associated_cancellation_slot(handler);
@@ -101,7 +97,7 @@ class child_set : public std::enable_shared_from_this<child_set> {
               s->cancel_all();
             });
           }
-          self->joiner_ = erased_handler<std::error_code>(std::move(handler), ex);
+          self->joiner_ = erased_handler<error_code>(std::move(handler), ex);
         },
         token);
   }
@@ -118,8 +114,8 @@ class child_set : public std::enable_shared_from_this<child_set> {
     signals_[i].slot().clear();
     if (e && !escaped_) escaped_ = e;
     if (--running_ == 0 && joiner_) {
-      joiner_.complete(parent_cancelled_ ? std::error_code(asio::error::operation_aborted)
-                                         : std::error_code());
+      joiner_.complete(parent_cancelled_ ? error_code(asio::error::operation_aborted)
+                                         : error_code());
     }
   }
 
@@ -129,7 +125,7 @@ class child_set : public std::enable_shared_from_this<child_set> {
   bool stopping_ = false;
   bool parent_cancelled_ = false;
   std::exception_ptr escaped_;
-  erased_handler<std::error_code> joiner_;
+  erased_handler<error_code> joiner_;
 };
 
 }  // namespace sluice::detail

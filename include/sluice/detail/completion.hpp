@@ -4,9 +4,7 @@
 
 #include <sluice/config.hpp>
 
-#include <asio/associated_cancellation_slot.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/post.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <memory>
 #include <tuple>

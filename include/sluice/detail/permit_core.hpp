@@ -6,14 +6,7 @@
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/waiter_list.hpp>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/async_result.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/cancellation_state.hpp>
-#include <asio/error.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <cstddef>
 #include <stdexcept>
@@ -50,7 +43,7 @@ class permit_core {
   void release(const char* over_release_message) {
     affinity_.check(name_);
     if (waiter_node* n = waiters_.pop_front()) {
-      static_cast<wait_op*>(n)->complete(std::error_code{});
+      static_cast<wait_op*>(n)->complete(error_code{});
       return;
     }
     if (bounded_ && value_ >= bound_) throw std::logic_error(over_release_message);
@@ -69,7 +62,7 @@ class permit_core {
 
   template <class CompletionToken>
   auto async_acquire(CompletionToken&& token, bool cancellable = true) {
-    return asio::async_initiate<CompletionToken, void(std::error_code)>(
+    return asio::async_initiate<CompletionToken, void(error_code)>(
         [self = this, cancellable](auto&& handler) {
           self->initiate(std::forward<decltype(handler)>(handler), cancellable);
         },
@@ -86,7 +79,7 @@ class permit_core {
     co_await async_acquire(asio::use_awaitable);
     if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
       release("");
-      throw std::system_error(asio::error::operation_aborted);
+      throw system_error(asio::error::operation_aborted);
     }
   }
 

@@ -6,14 +6,7 @@
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/completion.hpp>
 
-#include <asio/associated_cancellation_slot.hpp>
-#include <asio/async_result.hpp>
-#include <asio/awaitable.hpp>
-#include <asio/error.hpp>
-#include <asio/post.hpp>
-#include <asio/redirect_error.hpp>
-#include <asio/this_coro.hpp>
-#include <asio/use_awaitable.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <cstddef>
 #include <deque>
@@ -75,7 +68,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       c->started_ = true;
       c->spawn();
     }
-    std::error_code ec;
+    error_code ec;
     for (;;) {
       if (!c->buffer_.empty()) {
         std::optional<T> out(std::move(c->buffer_.front()));
@@ -98,7 +91,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       co_await shut_input(c);
       co_await asio::this_coro::throw_if_cancelled(was);
     }
-    if (ec) throw std::system_error(ec, "sluice::stream::next");
+    if (ec) throw system_error(ec, "sluice::stream::next");
     if (auto e = std::exchange(c->error_, nullptr)) std::rethrow_exception(e);
     co_return std::nullopt;
   }
@@ -106,7 +99,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   static asio::awaitable<void, Executor> close(std::shared_ptr<stream_core> c) {
     c->abandon();
     auto ex = co_await asio::this_coro::executor;
-    std::error_code ec;
+    error_code ec;
     auto join_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
     co_await c->children_->async_join(ex, join_token);
     if (!c->input_shut_) {
@@ -115,7 +108,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       co_await shut_input(c);
       co_await asio::this_coro::throw_if_cancelled(was);
     }
-    if (ec) throw std::system_error(ec, "sluice::stream::close");
+    if (ec) throw system_error(ec, "sluice::stream::close");
   }
 
   // Stops without waiting: no more input, running tasks cancelled, unread
@@ -265,7 +258,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   // operation_aborted once every worker has left.
   template <class Token>
   auto async_wait(Token&& token) {
-    return asio::async_initiate<Token, void(std::error_code)>(
+    return asio::async_initiate<Token, void(error_code)>(
         [this](auto handler) {
           auto slot = asio::get_associated_cancellation_slot(handler);
           if (slot.is_connected()) {
@@ -280,7 +273,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
               asio::post(*ex_, [self = this->shared_from_this()] { self->notify_consumer(); });
             });
           }
-          consumer_ = erased_handler<std::error_code>(std::move(handler), *ex_);
+          consumer_ = erased_handler<error_code>(std::move(handler), *ex_);
         },
         token);
   }
@@ -292,7 +285,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       consumer_cancelled_ = false;
       consumer_.complete(asio::error::operation_aborted);
     } else if (!buffer_.empty() || finished()) {
-      consumer_.complete(std::error_code());
+      consumer_.complete(error_code());
     }
   }
 
@@ -301,7 +294,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   std::optional<Executor> ex_;
   std::deque<T> buffer_;
   std::deque<erased_handler<>> parked_;
-  erased_handler<std::error_code> consumer_;
+  erased_handler<error_code> consumer_;
   std::exception_ptr error_;
   std::size_t used_ = 0;
   std::size_t running_ = 0;

@@ -4,7 +4,7 @@
 
 #include <sluice/config.hpp>
 
-#include <asio/execution_context.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -23,7 +23,7 @@ struct virtual_timer_node {
   clock::time_point deadline{};
   std::uint64_t seq = 0;
   std::size_t heap_index = npos;
-  void (*fire)(virtual_timer_node*, bool invoke, std::error_code) = nullptr;
+  void (*fire)(virtual_timer_node*, bool invoke, error_code) = nullptr;
 };
 
 // Virtual time for one execution context. Installed by
@@ -75,7 +75,7 @@ class virtual_clock_service final : public asio::execution_context::service {
     while (!heap_.empty() && heap_.front()->deadline <= now_) {
       virtual_timer_node* n = heap_.front();
       cancel(n);
-      n->fire(n, true, std::error_code{});
+      n->fire(n, true, error_code{});
     }
   }
 
@@ -85,7 +85,7 @@ class virtual_clock_service final : public asio::execution_context::service {
     while (!heap_.empty()) {
       virtual_timer_node* n = heap_.back();
       cancel(n);
-      n->fire(n, false, std::error_code{});
+      n->fire(n, false, error_code{});
     }
   }
 

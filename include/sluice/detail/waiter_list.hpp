@@ -5,13 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
 
-#include <asio/any_io_executor.hpp>
-#include <asio/associated_cancellation_slot.hpp>
-#include <asio/associated_executor.hpp>
-#include <asio/cancellation_type.hpp>
-#include <asio/error.hpp>
-#include <asio/post.hpp>
-#include <asio/recycling_allocator.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <cstddef>
 #include <new>
@@ -95,14 +89,14 @@ class waiter_list {
 // caller has already removed the node from its list. It posts the handler and
 // destroys the operation.
 struct wait_op : waiter_node {
-  void (*complete_fn)(wait_op*, std::error_code) = nullptr;
-  void complete(std::error_code ec) { complete_fn(this, ec); }
+  void (*complete_fn)(wait_op*, error_code) = nullptr;
+  void complete(error_code ec) { complete_fn(this, ec); }
 };
 
 // Delivery policy: what follows the error code in the completion.
 struct deliver_nothing {
   template <class Node>
-  std::tuple<> operator()(Node&, std::error_code) const noexcept {
+  std::tuple<> operator()(Node&, error_code) const noexcept {
     return {};
   }
 };
@@ -186,7 +180,7 @@ class handler_op final : public Node {
     asio::recycling_allocator<handler_op>().deallocate(op, 1);
   }
 
-  static void do_complete(wait_op* base, std::error_code ec) {
+  static void do_complete(wait_op* base, error_code ec) {
     auto* op = static_cast<handler_op*>(base);
     // Clear the slot first: the cancellation handler points at this op.
     auto slot = asio::get_associated_cancellation_slot(op->handler_);
@@ -253,7 +247,7 @@ void start_wait(Handler&& handler, const asio::any_io_executor& fallback, const 
   op_type* op =
       op_type::create(std::forward<Handler>(handler), fallback, std::forward<NodeArgs>(args)...);
   if (ready) {
-    op->complete(std::error_code{});
+    op->complete(error_code{});
     return;
   }
   list.push_back(op);

@@ -5,8 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/time.hpp>
 
-#include <asio/awaitable.hpp>
-#include <asio/this_coro.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <algorithm>
 #include <chrono>

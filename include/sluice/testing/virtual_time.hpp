@@ -6,8 +6,7 @@
 #include <sluice/detail/virtual_clock.hpp>
 #include <sluice/time.hpp>
 
-#include <asio/co_spawn.hpp>
-#include <asio/io_context.hpp>
+#include <sluice/detail/asio.hpp>
 
 #include <chrono>
 #include <concepts>
