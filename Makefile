@@ -7,15 +7,16 @@
 #                -Wmaybe-uninitialized gives false positives in Asio/Catch2 there)
 #   make test-boost  the whole suite on Boost.Asio (SLUICE_USE_BOOST_ASIO, g++)
 #   make bench   the benchmarks, each beside its baselines (Release)
+#   make docs    the API reference (Doxygen) under build/docs/html; fails on any warning
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 
-.PHONY: deps demo test test-gcc test-clang test-boost asan bench clean
+.PHONY: deps demo test test-gcc test-clang test-boost asan bench docs clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -61,6 +62,10 @@ bench: deps
 	cmake --build build/bench -j$(JOBS)
 	@for b in build/bench/benchmarks/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2 || exit 1; done
 	@for p in benchmarks/*_asyncio.py; do [ -f $$p ] && { echo "== $$p"; python3 $$p; }; done; true
+
+docs: deps
+	@mkdir -p build
+	doxygen docs/Doxyfile
 
 clean:
 	rm -rf build
