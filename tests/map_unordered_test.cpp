@@ -181,11 +181,12 @@ TEST_CASE("with a slow consumer, running plus unread tasks never exceed the limi
     auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, in, 3);
     while (auto r = co_await s.next()) {
       ++read;
-      // The result in hand holds a slot until the next call: pulled - (read - 1) <= 3.
-      CHECK(s.running() + s.ready() + 1 <= 3);
-      CHECK(in.pulled() <= read - 1 + 3);
+      // A result is read once next() returned it: pulled - read <= 3.
+      CHECK(s.running() + s.ready() <= 3);
+      CHECK(in.pulled() <= read + 3);
       co_await sluice::sleep(1s);  // a slow consumer: the freed slot was refilled, no more
-      CHECK(in.pulled() == std::min<std::size_t>(20, read - 1 + 3));
+      CHECK(in.pulled() == std::min<std::size_t>(20, read + 3));
+      CHECK(s.running() + s.ready() <= 3);
     }
   });
   CHECK(read == 20);
@@ -193,7 +194,7 @@ TEST_CASE("with a slow consumer, running plus unread tasks never exceed the limi
   CHECK(loop.now() == 20s + 10ms);
 }
 
-TEST_CASE("with limit 1 and a slow consumer, production and consumption interleave one by one",
+TEST_CASE("with limit 1 the next task runs while the consumer works on the previous result",
           "[map_unordered]") {
   virtual_loop loop;
   std::vector<std::string> log;
@@ -208,9 +209,59 @@ TEST_CASE("with limit 1 and a slow consumer, production and consumption interlea
       log.push_back("got result");
     }
   });
-  CHECK(log == std::vector<std::string>{"0 (async)", "got result", "1 (async)", "got result",
-                                        "2 (async)", "got result", "3 (async)", "got result"});
+  // Each result frees its slot when next() returns it; the next result then
+  // waits unread (the slot stays taken) until the consumer asks again.
+  CHECK(log == std::vector<std::string>{"0 (async)", "1 (async)", "got result", "2 (async)",
+                                        "got result", "3 (async)", "got result", "got result"});
   CHECK(loop.now() == 400ms);
+}
+
+TEST_CASE("limit 1 overlaps the consumer's work with the next task: 3 x 100 ms end at 400 ms",
+          "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(100ms)});
+  std::vector<nanoseconds> got_at;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, std::vector{0, 1, 2}, 1);
+    while (co_await s.next()) {
+      got_at.push_back(loop.now());
+      co_await sluice::sleep(100ms);  // the consumer's work on the result
+    }
+  });
+  // Task 0 runs 0..100 ms; task 1 runs 100..200 ms while the consumer works on
+  // result 0; task 2 runs 200..300 ms; the consumer finishes result 2 at 400 ms.
+  // (A slot held until the following next() made it 600 ms.)
+  CHECK(got_at == std::vector<nanoseconds>{100ms, 200ms, 300ms});
+  CHECK(loop.now() == 400ms);
+  CHECK(svc.max_in_flight() == 1);
+  std::vector<nanoseconds> starts;
+  for (const auto& c : svc.timeline()) starts.push_back(c.start);
+  CHECK(starts == std::vector<nanoseconds>{0ms, 100ms, 200ms});
+}
+
+TEST_CASE("no input is pulled while limit results wait unread", "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(10ms)});
+  recorded_input<int> in({0, 1, 2, 3, 4, 5});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, in, 2);
+    auto first = co_await s.next();  // starts the stream; 0 and 1 started at 0 ms
+    CHECK(first == 0);
+    CHECK(loop.now() == 10ms);
+    co_await sluice::sleep(1s);  // 1 and 2 finished, unread: the limit is reached
+    CHECK(s.ready() == 2);
+    CHECK(s.running() == 0);
+    CHECK(in.pulled() == 3);
+    CHECK(svc.calls() == 3);
+    auto second = co_await s.next();  // reads 1: exactly one more input
+    CHECK(second == 1);
+    co_await sluice::sleep(1s);
+    CHECK(s.running() + s.ready() == 2);
+    CHECK(in.pulled() == 4);
+    CHECK(svc.calls() == 4);
+    co_await s.close();
+  });
+  CHECK(svc.max_in_flight() == 2);
 }
 
 TEST_CASE("tasks keep running while the consumer is busy", "[map_unordered]") {
@@ -451,7 +502,7 @@ TEST_CASE("destroying a stream after 3 of 1000 results leaves nothing running", 
   loop.poll();
   CHECK(svc.in_flight() == 0);
   CHECK(svc.cancellations() > 0);
-  CHECK(svc.calls() <= 2 + 8);  // the result in hand held a slot: at most 2 read + 8 taken
+  CHECK(svc.calls() <= 3 + 8);  // at most 3 read + 8 taken
   CHECK(svc.completed() + svc.cancellations() == svc.calls());
 }
 
@@ -463,7 +514,7 @@ TEST_CASE("close() cancels the running tasks and returns once they all finished"
     auto s = sluice::map_unordered([&](int i) { return call(svc, i); },
                                    std::vector{0, 1, 2, 3, 4, 5}, 4);
     co_await s.next();
-    CHECK(svc.in_flight() == 3);  // 4 slots: the result in hand holds one
+    CHECK(svc.in_flight() == 3);  // the freed slot is refilled once the consumer yields
     co_await s.close();
     CHECK(svc.in_flight() == 0);
     CHECK(svc.cancellations() == 3);
