@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
 #include <support/recorded_input.hpp>
+#include <support/spawned.hpp>
+#include <support/stderr_capture.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -1068,4 +1070,163 @@ TEST_CASE("map_unordered on a strand survives failure, cancellation and destruct
   CHECK(failed == "task 2 failed");
   CHECK(cancelled == "timeout");
   CHECK(svc.in_flight() == 0);
+}
+
+// ---- issue 7: a caller cancelled before it calls next() / close() ----------
+
+TEST_CASE("next() from a caller cancelled before the call with no result ready closes and waits",
+          "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::from(
+                        [](const auto& c) -> nanoseconds { return c.index == 0 ? 1s : 5s; })});
+  std::string how;
+  std::size_t in_flight_at_end = 99;
+  std::optional<nanoseconds> ended_at;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3);
+    auto first = co_await s.next();  // 0 at 1 s; 1, 2 and 3 run until 5 s and 6 s
+    CHECK(first == 0);
+    try {
+      co_await sluice::sleep(10s);  // cancelled at 1.5 s
+    } catch (...) {
+    }
+    how = co_await sluice_test::ending_of(s.next());
+    ended_at = t.loop.now();
+    in_flight_at_end = svc.in_flight();
+  });
+  t.loop.run_for(1500ms);
+  CHECK(svc.in_flight() == 3);
+  consumer.cancel();
+  t.poll();
+  CHECK(consumer.done);
+  CHECK(how == "aborted");
+  CHECK(ended_at == 1500ms);
+  CHECK(in_flight_at_end == 0);
+  CHECK(svc.cancellations() == 3);
+}
+
+TEST_CASE("next() from a caller cancelled before the first call starts nothing", "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::fixed(1s)});
+  std::string how;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3);
+    try {
+      co_await sluice::sleep(10s);
+    } catch (...) {
+    }
+    how = co_await sluice_test::ending_of(s.next());
+  });
+  t.poll();
+  consumer.cancel();
+  t.poll();
+  CHECK(consumer.done);
+  CHECK(how == "aborted");
+  CHECK(svc.calls() == 0);
+}
+
+TEST_CASE("close() from a caller cancelled before the call joins and closes the upstream",
+          "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service up({.latency = latency::from(
+                       [](const auto& c) -> nanoseconds { return c.index == 0 ? 100ms : 5s; })});
+  slow_service down({.latency = latency::fixed(1s)});
+  std::string how;
+  std::size_t up_at_end = 99, down_at_end = 99;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    auto s = sluice::map_unordered(
+        [&](int i) { return call(down, i); },
+        sluice::map_unordered([&](int i) { return call(up, i); }, iota_vec(100), 8), 2);
+    auto first = co_await s.next();  // at 1.1 s
+    CHECK(first == 0);
+    try {
+      co_await sluice::sleep(10s);  // a timeout fires while the consumer works: 1.5 s
+    } catch (...) {
+    }
+    how = co_await sluice_test::ending_of(s.close());
+    up_at_end = up.in_flight();
+    down_at_end = down.in_flight();
+  });
+  t.loop.run_for(1500ms);
+  CHECK(up.in_flight() > 0);
+  consumer.cancel();
+  t.poll();
+  CHECK(consumer.done);
+  CHECK(how == "ok");  // the cancellation came before: the close itself is complete
+  CHECK(up_at_end == 0);
+  CHECK(down_at_end == 0);
+  CHECK(t.loop.now() == 1500ms);
+}
+
+TEST_CASE("close() refused by Asio for a cancelled caller still stops the tasks at once",
+          "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::from(
+                        [](const auto& c) -> nanoseconds { return c.index == 0 ? 1s : 5s; })});
+  std::optional<sluice::stream<int>> s;
+  bool refused = false;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    s.emplace(sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3));
+    co_await s->next();
+    try {
+      co_await sluice::sleep(10s);  // cancelled at 1.5 s
+    } catch (...) {
+    }
+    try {
+      co_await s->close();  // throw_if_cancelled is on: Asio throws before close() can wait
+    } catch (const sluice::system_error&) {
+      refused = true;
+    }
+  });
+  t.loop.run_for(1500ms);
+  CHECK(svc.in_flight() == 3);
+  consumer.cancel();
+  t.poll();
+  CHECK(refused);
+  CHECK(svc.in_flight() == 0);  // cancelled when close() was called, though not awaited
+  CHECK(svc.cancellations() == 3);
+  t.loop.run([&]() -> asio::awaitable<void> { co_await s->close(); });
+}
+
+TEST_CASE("a stream destroyed with tasks running says so on stderr, once", "[stream]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(1s)});
+  slow_service slow({.latency = latency::from(
+                         [](const auto& c) -> nanoseconds { return c.index == 0 ? 1s : 5s; })});
+  std::string running, drained, closed;
+  loop.run([&]() -> asio::awaitable<void> {
+    {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(3), 2);
+      while (co_await s.next()) {
+      }
+      sluice_test::stderr_capture cap;
+      { auto gone = std::move(s); }
+      drained = cap.text();
+    }
+    {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(9), 3);
+      co_await s.next();
+      co_await s.close();
+      sluice_test::stderr_capture cap;
+      { auto gone = std::move(s); }
+      closed = cap.text();
+    }
+    auto s = sluice::map_unordered([&](int i) { return call(slow, i); }, iota_vec(9), 3);
+    co_await s.next();  // 1 and 2 still run
+    sluice_test::stderr_capture cap;
+    { auto gone = std::move(s); }
+    running = cap.text();
+  });
+  CHECK(drained.empty());
+  CHECK(closed.empty());
+#if SLUICE_STREAM_CHECKS
+  CHECK(std::count(running.begin(), running.end(), '\n') == 1);
+  CHECK(running.find("sluice::for_each") != std::string::npos);
+  CHECK(running.find("co_await s.close()") != std::string::npos);
+#else
+  CHECK(running.empty());
+#endif
 }
