@@ -655,7 +655,7 @@ TEST_CASE("as_completed with return_exceptions yields every outcome", "[map_unor
   loop.run([&]() -> asio::awaitable<void> {
     std::vector<asio::awaitable<int>> tasks;
     for (int d : {100, -100, 100}) tasks.push_back(nap_or_fail(f, d));
-    auto s = sluice::as_completed(tasks, 3, sluice::return_exceptions);
+    auto s = sluice::as_completed(std::move(tasks), 3, sluice::return_exceptions);
     while (auto r = co_await s.next()) ++(*r ? ok : failed);
   });
   CHECK(ok == 2);

@@ -216,6 +216,14 @@ auto make_map_stream(F fn, In&& in, std::size_t limit) {
     throw std::invalid_argument("sluice::map_unordered: limit must be at least 1 (got 0)");
   using core = map_core<F, In, Settle>;
   using types = map_types<F, In, Settle>;
+  if constexpr (!fan_out_input_traits<In>::is_async) {
+    static_assert(
+        !lends_stored_tasks<In>,
+        "sluice::as_completed / map_unordered: the input holds stored "
+        "asio::awaitable<T>s and is passed as an lvalue, but an awaitable runs only once and "
+        "would be moved out of it: pass std::move(tasks) (or a lazy range that makes "
+        "each task when it is dereferenced).");
+  }
   if constexpr (fan_out_input_traits<In>::is_async) {
     static_assert(
         std::is_same_v<
