@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
+#include <support/service_calls.hpp>
 #include <support/spawned.hpp>
 
 #include <chrono>
@@ -24,16 +25,12 @@ using namespace std::chrono_literals;
 using sluice::testing::slow_service;
 using sluice::testing::virtual_loop;
 namespace latency = sluice::testing::latency;
-using std::chrono::milliseconds;
+using sluice_test::call;
+using sluice_test::call_or_fail;
+using sluice_test::iota_vec;
 using std::chrono::nanoseconds;
 
 namespace {
-
-std::vector<int> iota_vec(int n) {
-  std::vector<int> v(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
-  return v;
-}
 
 // Counts the tasks that have started and not yet finished, however they end.
 struct live_count {
@@ -49,17 +46,6 @@ struct live_guard {
   live_guard& operator=(const live_guard&) = delete;
   ~live_guard() { --c->now; }
 };
-
-asio::awaitable<int> call(slow_service& svc, int i) {
-  co_await svc.call(std::to_string(i));
-  co_return i;
-}
-
-asio::awaitable<int> call_or_fail(slow_service& svc, int i, int fail_at) {
-  co_await svc.call(std::to_string(i));
-  if (i == fail_at) throw std::runtime_error("task " + std::to_string(i) + " failed");
-  co_return i;
-}
 
 struct body_failed : std::runtime_error {
   body_failed() : std::runtime_error("the body failed") {}

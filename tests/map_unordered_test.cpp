@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
 #include <support/recorded_input.hpp>
+#include <support/service_calls.hpp>
 #include <support/spawned.hpp>
 #include <support/stderr_capture.hpp>
 
@@ -26,6 +27,9 @@ using namespace std::chrono_literals;
 using sluice::testing::slow_service;
 using sluice::testing::virtual_loop;
 namespace latency = sluice::testing::latency;
+using sluice_test::call;
+using sluice_test::call_or_fail;
+using sluice_test::iota_vec;
 using sluice_test::recorded_input;
 using sluice_test::recorded_source;
 using std::chrono::milliseconds;
@@ -85,12 +89,6 @@ asio::awaitable<std::vector<got>> drain(virtual_loop& loop, Stream& s) {
   std::vector<got> out;
   while (auto r = co_await s.next()) out.push_back({*r, loop.now()});
   co_return out;
-}
-
-// A task for a slow_service call keyed by its input, returning the input.
-asio::awaitable<int> call(slow_service& svc, int i, std::string op = {}) {
-  co_await svc.call(std::to_string(i), std::move(op));
-  co_return i;
 }
 
 }  // namespace
@@ -764,22 +762,6 @@ TEST_CASE("map_unordered runs its tasks on a strand when the consumer runs on on
 }
 
 // ---- adversarial review: lifetimes, pipelines, cancellation ----------------
-
-namespace {
-
-asio::awaitable<int> call_or_fail(slow_service& svc, int i, int fail_at) {
-  co_await svc.call(std::to_string(i));
-  if (i == fail_at) throw std::runtime_error("task " + std::to_string(i) + " failed");
-  co_return i;
-}
-
-std::vector<int> iota_vec(int n) {
-  std::vector<int> v(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
-  return v;
-}
-
-}  // namespace
 
 TEST_CASE("a stream destroyed mid-flight inside a coroutine winds down cleanly", "[stream]") {
   virtual_loop loop;
