@@ -266,7 +266,9 @@ inline constexpr bool dependent_false = false;
 ///   `std::invalid_argument` before anything starts.
 ///
 /// Lifetimes: an rvalue range is moved into the call; an lvalue range is used
-/// in place and must outlive the awaited call.
+/// in place and must outlive the awaited call. A container of stored
+/// awaitables must be moved in (`std::move(tasks)`: an awaitable runs once);
+/// only a lazy range that makes each task on dereference may be an lvalue.
 ///
 /// @code
 /// std::vector<asio::awaitable<place>> searches;
