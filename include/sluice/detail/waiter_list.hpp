@@ -197,16 +197,13 @@ class handler_op final : public Node {
   }
 
   // Owns an aborted operation until its completion runs (or the loop drops it).
-  struct aborter {
-    handler_op* op;
-    explicit aborter(handler_op* o) noexcept : op(o) {}
-    aborter(aborter&& other) noexcept : op(std::exchange(other.op, nullptr)) {}
-    aborter& operator=(aborter&&) = delete;
-    ~aborter() {
-      if (op != nullptr) discard(op);
-    }
-    void operator()() { std::exchange(op, nullptr)->complete(asio::error::operation_aborted); }
+  struct complete_aborted {
+    void operator()(handler_op* op) const { op->complete(asio::error::operation_aborted); }
   };
+  struct discard_op {
+    void operator()(handler_op* op) const noexcept { discard(op); }
+  };
+  using aborter = owning_post<handler_op, complete_aborted, discard_op>;
 
   // Runs from the handler's cancellation slot. It may neither clear that slot
   // nor destroy the op inline, so it unlinks the waiter (after which nothing
