@@ -9,7 +9,6 @@
 #include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
-#include <support/death.hpp>
 #include <support/spawned.hpp>
 
 #include <chrono>
@@ -19,7 +18,6 @@
 #include <set>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -442,21 +440,6 @@ TEST_CASE("destroying a queue with waiters completes them with operation_aborted
   CHECK(getter.cancelled());
 }
 
-#if SLUICE_AFFINITY_CHECKS && SLUICE_TEST_CAN_FORK
-TEST_CASE("a queue used from a thread that is not running its loop aborts naming it",
-          "[queue][affinity]") {
-  auto r = sluice_test::run_in_child([] {
-    asio::io_context ctx;
-    sluice::queue<int> q{ctx.get_executor()};
-    asio::post(ctx, [&] { (void)q.try_put(1); });
-    std::thread t([&] { ctx.run(); });
-    t.join();
-    (void)q.try_get();
-  });
-  CHECK(r.aborted);
-  CHECK(r.stderr_text.find("sluice::queue") != std::string::npos);
-}
-#endif
 
 // ---------------------------------------------------------------------------
 // Adversarial review: cancellation, shutdown and task accounting.

@@ -189,20 +189,11 @@ class queue {
 
   /// Puts `value` if that needs no wait: returns false when full. Throws
   /// `queue_shut_down` after `shutdown()`.
-  [[nodiscard]] bool try_put(T value) {
-    affinity_.check("sluice::queue");
-    if (shut_down_) throw queue_shut_down("sluice::queue::try_put: the queue was shut down");
-    return put_now(value);
-  }
+  [[nodiscard]] bool try_put(T value) { return try_put_value(value, "sluice::queue::try_put"); }
 
   /// Takes the oldest item if there is one; empty when there is none. Throws
   /// `queue_shut_down` when the queue is shut down and empty.
-  [[nodiscard]] std::optional<T> try_get() {
-    affinity_.check("sluice::queue");
-    if (!items_.empty()) return take_front();
-    if (shut_down_) throw queue_shut_down("sluice::queue::try_get: the queue was shut down");
-    return std::nullopt;
-  }
+  [[nodiscard]] std::optional<T> try_get() { return try_take("sluice::queue::try_get"); }
 
   /// Puts `value`, waiting for room. Completion signature
   /// `void(error_code)`: `queue_errc::shut_down` if the queue is (or gets)
@@ -212,8 +203,8 @@ class queue {
   auto async_put(T value, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler, T v) {
-          affinity_.check("sluice::queue");
           affinity_.bind(asio::get_associated_executor(handler, ex_));
+          const auto in = affinity_.enter("sluice::queue");
           using node = detail::put_node<T>;
           if (shut_down_) {
             start_failed<node, detail::deliver_nothing>(std::forward<decltype(handler)>(handler),
@@ -237,7 +228,8 @@ class queue {
   /// Throws `queue_shut_down` after `shutdown()`, and
   /// `system_error(operation_aborted)` if cancelled before the item went in.
   [[nodiscard]] asio::awaitable<void> put(T value) {
-    if (try_put_value(value)) co_return;
+    if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
+    if (try_put_value(value, "sluice::queue::put")) co_return;
     error_code ec;
     co_await async_put(std::move(value), asio::redirect_error(asio::use_awaitable, ec));
     if (ec == queue_errc::shut_down) {
@@ -265,11 +257,8 @@ class queue {
   /// one. Throws `queue_shut_down` when shut down and empty, and
   /// `system_error(operation_aborted)` if cancelled (no item is lost).
   [[nodiscard]] asio::awaitable<T> get() {
-    if (!items_.empty()) {
-      affinity_.check("sluice::queue");
-      co_return *take_front();
-    }
-    if (shut_down_) throw queue_shut_down("sluice::queue::get: the queue was shut down");
+    if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
+    if (std::optional<T> ready = try_take("sluice::queue::get")) co_return std::move(*ready);
     auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     error_code ec;
@@ -298,7 +287,7 @@ class queue {
   /// Marks one item taken earlier as processed. Throws `std::logic_error` if
   /// called more times than items were put.
   void task_done() {
-    affinity_.check("sluice::queue");
+    const auto in = affinity_.enter("sluice::queue");
     if (unfinished_ == 0) {
       throw std::logic_error(
           "sluice::queue::task_done: called more times than there were items put");
@@ -313,8 +302,8 @@ class queue {
   auto async_join(CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler) {
-          affinity_.check("sluice::queue");
           affinity_.bind(asio::get_associated_executor(handler, ex_));
+          const auto in = affinity_.enter("sluice::queue");
           detail::start_wait<detail::wait_op, detail::deliver_nothing>(
               std::forward<decltype(handler)>(handler), ex_, "sluice::queue::async_join", joiners_,
               unfinished_ == 0, true);
@@ -325,7 +314,11 @@ class queue {
   /// Waits until every item put has been marked done; does not suspend if
   /// none is unfinished.
   [[nodiscard]] asio::awaitable<void> join() {
-    if (unfinished_ == 0) co_return;
+    if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
+    {
+      const auto in = affinity_.enter("sluice::queue");
+      if (unfinished_ == 0) co_return;
+    }
     co_await async_join(asio::use_awaitable);
   }
 
@@ -335,7 +328,7 @@ class queue {
   /// including items handed to getters that have not resumed yet (those
   /// getters fail with `queue_shut_down`).
   void shutdown(bool immediate = false) {
-    affinity_.check("sluice::queue");
+    const auto in = affinity_.enter("sluice::queue");
     shut_down_ = true;
     if (immediate) {
       while (!items_.empty()) {
@@ -396,10 +389,22 @@ class queue {
     return true;
   }
 
-  bool try_put_value(T& v) {
-    affinity_.check("sluice::queue");
-    if (shut_down_) throw queue_shut_down("sluice::queue::put: the queue was shut down");
+  // try_put / put without waiting; `what` names the caller in the exception.
+  bool try_put_value(T& v, const char* what) {
+    const auto in = affinity_.enter("sluice::queue");
+    if (shut_down_)
+      throw queue_shut_down((std::string(what) + ": the queue was shut down").c_str());
     return put_now(v);
+  }
+
+  // try_get / get without waiting: the oldest item, none if empty; throws
+  // when shut down and empty.
+  std::optional<T> try_take(const char* what) {
+    const auto in = affinity_.enter("sluice::queue");
+    if (!items_.empty()) return take_front();
+    if (shut_down_)
+      throw queue_shut_down((std::string(what) + ": the queue was shut down").c_str());
+    return std::nullopt;
   }
 
   // Precondition: !items_.empty().
@@ -430,6 +435,7 @@ class queue {
   // An item granted to a get() whose coroutine was cancelled before resuming.
   // (An immediate shutdown since the hand-off would have dropped it instead.)
   void give_back(T&& v) {
+    const auto in = affinity_.enter("sluice::queue");
     if (detail::waiter_node* n = getters_.pop_front()) {
       hand_over(n, std::move(v));
       return;
@@ -439,8 +445,8 @@ class queue {
 
   template <class Deliver, class Handler>
   void initiate_get(Handler&& handler, const char* what) {
-    affinity_.check("sluice::queue");
     affinity_.bind(asio::get_associated_executor(handler, ex_));
+    const auto in = affinity_.enter("sluice::queue");
     using node = detail::get_node<T>;
     if (!items_.empty()) {
       detail::require_executor<std::decay_t<Handler>>(ex_, what);
