@@ -143,8 +143,9 @@ struct deliver_optional {
 /// cancelled before it resumed puts it back at the front or hands it to the
 /// next getter, then throws `operation_aborted`; the queue may then briefly
 /// hold one item more than `maxsize`). A `get()` cancelled before it resumed
-/// throws `operation_aborted` whatever else happened meanwhile (a shutdown). A cancelled putter is
-/// removed and its item is dropped; a putter whose item already went in completes successfully.
+/// throws `operation_aborted` whatever else happened meanwhile (a shutdown).
+/// A cancelled putter is removed and its item is dropped; a putter whose item
+/// already went in completes successfully.
 ///
 /// Throws: `task_done()` more often than items were put throws
 /// `std::logic_error`. Destroying a queue with waiters completes them with
