@@ -440,7 +440,6 @@ TEST_CASE("destroying a queue with waiters completes them with operation_aborted
   CHECK(getter.cancelled());
 }
 
-
 // ---------------------------------------------------------------------------
 // Adversarial review: cancellation, shutdown and task accounting.
 
@@ -653,6 +652,19 @@ TEST_CASE("an immediate shutdown drops items handed to async_get callbacks too",
   CHECK(waited_item.empty());
   CHECK(ready_ec == sluice::queue_errc::shut_down);
   CHECK(ready_item.empty());
+}
+
+TEST_CASE("a use_future getter receives its item at the hand-off, off the loop", "[queue]") {
+  tasks_on_loop h;
+  sluice::queue<int> q{h.loop.get_executor()};
+  std::future<int> fut = q.async_get(asio::use_future);
+  REQUIRE(q.try_put(5));  // handed over and completed at once: nothing to take back
+  q.shutdown(true);
+  CHECK(q.unfinished_tasks() == 1);
+  REQUIRE(fut.wait_for(5s) == std::future_status::ready);
+  CHECK(fut.get() == 5);
+  q.task_done();
+  CHECK(q.unfinished_tasks() == 0);
 }
 
 TEST_CASE("a plain shutdown lets a getter that was handed an item have it", "[queue]") {

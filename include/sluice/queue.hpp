@@ -128,7 +128,9 @@ struct deliver_optional {
 /// shutdown lets the getter have it (it drains); an immediate shutdown drops
 /// it, counts it as done at once (`unfinished_tasks()` falls, `join()` wakes),
 /// and the getter fails with `queue_shut_down` (or `operation_aborted` if its
-/// coroutine was also cancelled).
+/// coroutine was also cancelled). Exception: a `use_future` getter (its
+/// completion runs on Asio's system pool, off the loop) receives its item at
+/// the hand-off, so no shutdown takes it back.
 ///
 /// What resumes where: `get()` / `put()` that need not wait do not suspend.
 /// Waiters are never resumed inside another call; each completion is posted to

@@ -93,7 +93,9 @@ class waiter_list {
 // its handler is about to run, and only then is its payload delivered. Until
 // then the caller may link the node into a list of its own (a queue's items
 // handed to getters that have not resumed) and change the payload; the node
-// is unlinked before delivery, and when the loop drops the post.
+// is unlinked before delivery, and when the loop drops the post. Handlers that
+// do not complete on the loop (use_future) are completed at once instead
+// (unlinked first): check `owner` after the call to know which happened.
 struct wait_op : waiter_node {
   void (*complete_fn)(wait_op*, error_code, bool deferred) = nullptr;
   void complete(error_code ec) { complete_fn(this, ec, false); }
@@ -116,6 +118,21 @@ struct no_executor {};
 template <class Handler>
 inline constexpr bool has_own_executor =
     !std::is_same_v<typename asio::associated_executor<Handler, no_executor>::type, no_executor>;
+
+// True if the handler completes on an io_context's loop, where the primitive
+// lives: its associated executor (or the primitive's, when it has none) is an
+// any_io_executor (what coroutines carry), an io_context executor, or a strand
+// of either. False for use_future's executor (Asio's system pool) and other
+// foreign executors: a deferred completion must not touch the primitive from
+// there, so such a handler is completed at once instead.
+template <class Handler>
+inline constexpr bool completes_on_loop = [] {
+  using ex = typename asio::associated_executor<Handler, asio::any_io_executor>::type;
+  using io = asio::io_context::executor_type;
+  return std::is_same_v<ex, asio::any_io_executor> || std::is_same_v<ex, io> ||
+         std::is_same_v<ex, asio::strand<io>> ||
+         std::is_same_v<ex, asio::strand<asio::any_io_executor>>;
+}();
 
 // Throws if a handler has nowhere to run. `what` names the operation.
 template <class Handler>
@@ -195,12 +212,13 @@ class handler_op final : public Node {
     // Clear the slot first: the cancellation handler points at this op.
     auto slot = asio::get_associated_cancellation_slot(op->handler_);
     if (slot.is_connected()) slot.clear();
-    if (deferred) {
+    if (deferred && completes_on_loop<Handler>) {
       op->result_ = ec;
       auto ex = asio::get_associated_executor(op->handler_, op->fallback());
       asio::post(ex, deferred_completion(op));
       return;
     }
+    if (op->owner != nullptr) op->owner->erase(op);  // a deferral that was refused
     auto args = Deliver{}(static_cast<Node&>(*op), ec);
     Handler h(std::move(op->handler_));
     auto ex = op->fallback();
