@@ -16,7 +16,7 @@ PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 nin
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
-TSAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=thread -fno-omit-frame-pointer
+TSAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
 TSAN_TESTS = to_thread shared_semaphore task_group lock semaphore event condition queue gather map_unordered
 
 .PHONY: deps demo test test-gcc test-clang test-boost asan tsan bench clean
@@ -63,7 +63,7 @@ asan: deps
 tsan: deps
 	$(call configure,tsan,g++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_SKIP_PACKAGING_TESTS=ON "-DCMAKE_CXX_FLAGS=$(TSAN_FLAGS)")
 	cmake --build build/tsan -j$(JOBS) --target $(addsuffix _test,$(TSAN_TESTS))
-	cd build/tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 $(CTEST) -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))_test$$'
+	cd build/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/support/tsan.supp" $(CTEST) -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))_test$$'
 
 bench: deps
 	$(call configure,bench,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF)

@@ -158,9 +158,10 @@ TEST_CASE("waiters on different threads are served in FIFO order, each on its ow
   CHECK(sem.value() == 1);
 }
 
-TEST_CASE("timeouts cancel waiters on their own threads while other threads release, losing "
-          "nothing",
-          "[shared_semaphore]") {
+TEST_CASE(
+    "timeouts cancel waiters on their own threads while other threads release, losing "
+    "nothing",
+    "[shared_semaphore]") {
   using namespace asio::experimental::awaitable_operators;
   sluice::shared_semaphore sem{2};
   std::atomic<int> holders{0}, max_holders{0}, acquired{0}, timed_out{0};
@@ -201,10 +202,9 @@ TEST_CASE("a waiter cancelled after it was granted hands the permit on and throw
   asio::io_context ctx;
   asio::cancellation_signal cancel;
   std::string how;
-  asio::co_spawn(ctx, sluice_test::ending_of(sem.acquire()),
-                 sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr, std::string s) {
-                   how = s;
-                 }));
+  asio::co_spawn(
+      ctx, sluice_test::ending_of(sem.acquire()),
+      sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr, std::string s) { how = s; }));
   ctx.poll();
   REQUIRE(sem.waiters() == 1);
   sem.release();  // granted; the completion is posted, not run
@@ -221,10 +221,9 @@ TEST_CASE("a cancelled waiter is removed and holds nothing", "[shared_semaphore]
   asio::io_context ctx;
   asio::cancellation_signal cancel;
   std::string how;
-  asio::co_spawn(ctx, sluice_test::ending_of(sem.acquire()),
-                 sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr, std::string s) {
-                   how = s;
-                 }));
+  asio::co_spawn(
+      ctx, sluice_test::ending_of(sem.acquire()),
+      sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr, std::string s) { how = s; }));
   ctx.poll();
   REQUIRE(sem.waiters() == 1);
   cancel.emit(asio::cancellation_type::terminal);
@@ -251,7 +250,7 @@ TEST_CASE("release hands the permit to a waiter rather than the pool; try_acquir
   ctx.poll();
   CHECK(sem.locked());
   std::thread([&] { sem.release(); }).join();  // from another thread
-  CHECK(sem.value() == 0);                       // handed over, not pooled
+  CHECK(sem.value() == 0);                     // handed over, not pooled
   CHECK_FALSE(sem.try_acquire());
   CHECK_FALSE(got);  // resumed through a post, not inside release
   ctx.run();
