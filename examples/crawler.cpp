@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
                                          "latencies 100-300 ms scaled to 10-30 ms");
   std::printf("pages crawled:            %d of %d\n", stats.pages.load(),
               sections * pages_per_section);
-  std::printf("max in flight per thread:");
+  std::printf("max in flight per section:");
   for (auto& s : all) std::printf(" %d", s->max_in_flight);
   std::printf("   (each group alone would allow %zu)\n", group_limit);
   std::printf("max in flight, process:   %d   (cap %zu; %zu without the shared cap)\n",

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -411,4 +412,26 @@ TEST_CASE("the body's captures live until every child has finished", "[task_grou
       }));
   CHECK(live_at_child_end == 1);
   CHECK(frames == 0);
+}
+
+TEST_CASE("run leaves the caller's throw_if_cancelled switch as it found it", "[task_group]") {
+  virtual_loop loop;
+  census c;
+  auto r = loop.run([&]() -> asio::awaitable<std::pair<bool, bool>> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    co_await task_group::run([&](task_group& g) -> asio::awaitable<void> {
+      g.spawn(sleeper(c, 1s));
+      co_return;
+    });
+    const bool after_off = co_await asio::this_coro::throw_if_cancelled();
+    co_await asio::this_coro::throw_if_cancelled(true);
+    co_await task_group::run([&](task_group& g) -> asio::awaitable<void> {
+      g.spawn(sleeper(c, 1s));
+      co_return;
+    });
+    const bool after_on = co_await asio::this_coro::throw_if_cancelled();
+    co_return std::pair<bool, bool>(after_off, after_on);
+  });
+  CHECK_FALSE(r.first);
+  CHECK(r.second);
 }

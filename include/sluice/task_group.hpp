@@ -171,12 +171,14 @@ class task_group : public std::enable_shared_from_this<task_group> {
       g->fail(std::current_exception());
     }
     // The join always waits for everything, even for a caller whose
-    // cancellation is already requested.
+    // cancellation is already requested. The switch belongs to the caller's
+    // whole coroutine stack: put it back as it was.
+    const bool throw_if_cancelled = co_await asio::this_coro::throw_if_cancelled();
     co_await asio::this_coro::throw_if_cancelled(false);
     error_code ec;
     auto join_token = asio::redirect_error(asio::use_awaitable, ec);
     co_await g->async_join(join_token);
-    co_await asio::this_coro::throw_if_cancelled(true);
+    co_await asio::this_coro::throw_if_cancelled(throw_if_cancelled);
     if (g->first_error_) std::rethrow_exception(g->first_error_);
     if (ec) throw system_error(ec, "sluice::task_group");
   }
