@@ -50,6 +50,23 @@ void until(Pred pred) {
   while (!pred()) std::this_thread::sleep_for(100us);
 }
 
+// A semaphore whose only permit is held (by the test) and one coroutine
+// waiting on it, cancellable through `cancel`; `how` is how it ended.
+struct one_waiter {
+  sluice::shared_semaphore sem{1};
+  asio::io_context ctx;
+  asio::cancellation_signal cancel;
+  std::string how;
+  one_waiter() {
+    REQUIRE(sem.try_acquire());
+    asio::co_spawn(ctx, sluice_test::ending_of(sem.acquire()),
+                   sluice_test::bind_slot(cancel.slot(),
+                                          [this](std::exception_ptr, std::string s) { how = s; }));
+    ctx.poll();
+    REQUIRE(sem.waiters() == 1);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("8 threads x 1000 coroutines never hold more than 5 permits and all finish",
@@ -197,16 +214,8 @@ TEST_CASE(
 
 TEST_CASE("a waiter cancelled after it was granted hands the permit on and throws",
           "[shared_semaphore]") {
-  sluice::shared_semaphore sem{1};
-  REQUIRE(sem.try_acquire());
-  asio::io_context ctx;
-  asio::cancellation_signal cancel;
-  std::string how;
-  asio::co_spawn(
-      ctx, sluice_test::ending_of(sem.acquire()),
-      sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr, std::string s) { how = s; }));
-  ctx.poll();
-  REQUIRE(sem.waiters() == 1);
+  one_waiter w;
+  auto& [sem, ctx, cancel, how] = w;
   sem.release();  // granted; the completion is posted, not run
   CHECK(sem.value() == 0);
   cancel.emit(asio::cancellation_type::terminal);  // too late to remove it
@@ -216,16 +225,8 @@ TEST_CASE("a waiter cancelled after it was granted hands the permit on and throw
 }
 
 TEST_CASE("a cancelled waiter is removed and holds nothing", "[shared_semaphore]") {
-  sluice::shared_semaphore sem{1};
-  REQUIRE(sem.try_acquire());
-  asio::io_context ctx;
-  asio::cancellation_signal cancel;
-  std::string how;
-  asio::co_spawn(
-      ctx, sluice_test::ending_of(sem.acquire()),
-      sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr, std::string s) { how = s; }));
-  ctx.poll();
-  REQUIRE(sem.waiters() == 1);
+  one_waiter w;
+  auto& [sem, ctx, cancel, how] = w;
   cancel.emit(asio::cancellation_type::terminal);
   CHECK(sem.waiters() == 0);
   ctx.run();
