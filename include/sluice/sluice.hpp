@@ -24,6 +24,11 @@
 #include <sluice/queue.hpp>
 #include <sluice/semaphore.hpp>
 
+// Structured concurrency and threads (shared_semaphore is the one thread-safe primitive)
+#include <sluice/shared_semaphore.hpp>
+#include <sluice/task_group.hpp>
+#include <sluice/to_thread.hpp>
+
 // Time
 #include <sluice/time.hpp>
 
