@@ -46,11 +46,13 @@
 #if !defined(BOOST_ASIO_HAS_CO_AWAIT)
 #error "sluice needs C++20 coroutines: compile with -std=c++20 (g++ >= 12, clang++ >= 14)."
 #endif
+/// The selected Asio's version number (`BOOST_ASIO_VERSION` or `ASIO_VERSION`,
+/// e.g. 102200 for Asio 1.22), for version checks.
 #define SLUICE_ASIO_VERSION BOOST_ASIO_VERSION
 
 namespace sluice {
 /// The Asio sluice is built on: `boost::asio` when `SLUICE_USE_BOOST_ASIO` is
-/// defined, standalone `::asio` otherwise. Every public signature names Asio
+/// defined, standalone Asio (namespace `asio`) otherwise. Every public signature names Asio
 /// through it, so the same headers serve both.
 namespace asio = ::boost::asio;
 /// The error code type of the selected Asio (`boost::system::error_code`).
@@ -90,10 +92,11 @@ using error_category = ::boost::system::error_category;
 #error "sluice needs C++20 coroutines: compile with -std=c++20 (g++ >= 12, clang++ >= 14)."
 #endif
 #include <system_error>
+/// The selected Asio's version number (`ASIO_VERSION`, e.g. 102200 for Asio 1.22).
 #define SLUICE_ASIO_VERSION ASIO_VERSION
 
 namespace sluice {
-/// The Asio sluice is built on: standalone `::asio` by default,
+/// The Asio sluice is built on: standalone Asio (namespace `asio`) by default,
 /// `boost::asio` when `SLUICE_USE_BOOST_ASIO` is defined.
 namespace asio = ::asio;
 /// The error code type of the selected Asio (`std::error_code`).
@@ -110,6 +113,8 @@ using error_category = std::error_category;
 #if defined(NDEBUG)
 #define SLUICE_AFFINITY_CHECKS 0
 #else
+/// 1: primitives check they are used serially from their loop (the default
+/// without `NDEBUG`); 0 compiles the checks out. See the file comment.
 #define SLUICE_AFFINITY_CHECKS 1
 #endif
 #endif

@@ -57,7 +57,9 @@ class lock {
    public:
     /// A guard that owns nothing.
     guard() noexcept = default;
+    /// Takes over `other`'s ownership; `other` is left empty.
     guard(guard&& other) noexcept : lock_(std::exchange(other.lock_, nullptr)) {}
+    /// Releases what this owns, then takes over `other`'s ownership.
     guard& operator=(guard&& other) noexcept {
       if (this != &other) {
         reset();

@@ -69,6 +69,7 @@ class outcome {
                 "sluice::outcome<T>: T must not be std::exception_ptr");
 
  public:
+  /// The value type `T`.
   using value_type = T;
 
   /// Holds a value.
@@ -80,18 +81,27 @@ class outcome {
   /// Holds an exception. Throws `std::invalid_argument` for a null pointer.
   outcome(std::exception_ptr error) : state_(std::in_place_index<1>, check(std::move(error))) {}
 
+  /// True when a value is held (the task returned).
   [[nodiscard]] bool has_value() const noexcept { return state_.index() == 0; }
+  /// `has_value()`.
   explicit operator bool() const noexcept { return has_value(); }
 
   /// The value; rethrows the stored exception if there is none.
   T& value() & { return rethrow_if_error(), std::get<0>(state_); }
+  /// The value; rethrows the stored exception if there is none.
   const T& value() const& { return rethrow_if_error(), std::get<0>(state_); }
+  /// The value, moved out; rethrows the stored exception if there is none.
   T&& value() && { return rethrow_if_error(), std::get<0>(std::move(state_)); }
 
+  /// `value()`: rethrows the stored exception if there is none.
   T& operator*() & { return value(); }
+  /// `value()`: rethrows the stored exception if there is none.
   const T& operator*() const& { return value(); }
+  /// `std::move(*this).value()`: rethrows the stored exception if there is none.
   T&& operator*() && { return std::move(*this).value(); }
+  /// `&value()`: rethrows the stored exception if there is none.
   T* operator->() { return &value(); }
+  /// `&value()`: rethrows the stored exception if there is none.
   const T* operator->() const { return &value(); }
 
   /// The stored exception, or null when a value is held.
@@ -130,6 +140,7 @@ class outcome {
 template <>
 class outcome<void> {
  public:
+  /// `void`.
   using value_type = void;
 
   /// Success.
@@ -139,12 +150,15 @@ class outcome<void> {
     if (!error_) throw std::invalid_argument("sluice::outcome: null exception_ptr");
   }
 
+  /// True on success (no exception held).
   [[nodiscard]] bool has_value() const noexcept { return !error_; }
+  /// `has_value()`.
   explicit operator bool() const noexcept { return has_value(); }
   /// Returns if successful; rethrows the stored exception otherwise.
   void value() const {
     if (error_) std::rethrow_exception(error_);
   }
+  /// The stored exception, or null on success.
   [[nodiscard]] std::exception_ptr error() const noexcept { return error_; }
   /// The stored exception as an `E`, or null (see `outcome<T>::error_as`).
   template <class E>

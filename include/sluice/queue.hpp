@@ -61,6 +61,7 @@ namespace sluice {
 /// error the `async_*` operations report in the same situations.
 class queue_shut_down : public system_error {
  public:
+  /// `what` is the message; the code is always `queue_errc::shut_down`.
   explicit queue_shut_down(const char* what) : system_error(queue_errc::shut_down, what) {}
 };
 

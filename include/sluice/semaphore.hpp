@@ -78,7 +78,9 @@ class semaphore {
    public:
     /// An empty permit that owns nothing.
     permit() noexcept = default;
+    /// Takes over `other`'s ownership; `other` is left empty.
     permit(permit&& other) noexcept : sem_(std::exchange(other.sem_, nullptr)) {}
+    /// Releases what this owns, then takes over `other`'s ownership.
     permit& operator=(permit&& other) noexcept {
       if (this != &other) {
         reset();
@@ -158,6 +160,8 @@ class semaphore {
   [[nodiscard]] bool locked() const noexcept { return core_.locked(); }
 
  protected:
+  /// For `bounded_semaphore`: `name` appears in diagnostics; `bounded` makes
+  /// a release above `initial` throw.
   semaphore(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex)
       : core_(name, initial, bounded, std::move(ex)) {}
 

@@ -63,7 +63,9 @@ class shared_semaphore {
    public:
     /// An empty permit that owns nothing.
     permit() noexcept = default;
+    /// Takes over `other`'s ownership; `other` is left empty.
     permit(permit&& other) noexcept : sem_(std::exchange(other.sem_, nullptr)) {}
+    /// Releases what this owns, then takes over `other`'s ownership.
     permit& operator=(permit&& other) noexcept {
       if (this != &other) {
         reset();

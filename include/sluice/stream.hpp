@@ -79,7 +79,9 @@ class stream {
                 "sluice::stream<T>: T must be an object type (void tasks yield std::monostate)");
 
  public:
+  /// The element type: the tasks' result (`std::monostate` for void tasks).
   using value_type = T;
+  /// The executor the stream's tasks run on.
   using executor_type = Executor;
 
   /// An empty stream: `next()` yields nothing.

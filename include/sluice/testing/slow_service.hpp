@@ -119,15 +119,19 @@ struct quota {
   std::size_t max_in_flight = 0;  ///< more than this many in flight is throttled (0: no limit)
   std::size_t calls_per_window =
       0;  ///< more than this many starts per `window` is throttled (0: no limit)
-  std::chrono::nanoseconds window{std::chrono::seconds(1)};
+  std::chrono::nanoseconds window{
+      std::chrono::seconds(1)};  ///< the window `calls_per_window` counts in
 };
 
 /// An injected failure of a `slow_service` call.
 class service_error : public std::runtime_error {
  public:
+  /// A failure of call number `index` (0-based) for `key`.
   service_error(const std::string& what, std::size_t index, std::string key)
       : std::runtime_error(what), index_(index), key_(std::move(key)) {}
+  /// The failed call's 0-based index, in order of arrival.
   [[nodiscard]] std::size_t index() const noexcept { return index_; }
+  /// The failed call's key ("" if none).
   [[nodiscard]] const std::string& key() const noexcept { return key_; }
 
  private:
@@ -138,6 +142,7 @@ class service_error : public std::runtime_error {
 /// A call refused by the provider's quota (HTTP 429).
 class throttled_error : public service_error {
  public:
+  /// Same constructor as `service_error`.
   using service_error::service_error;
 };
 
@@ -147,12 +152,12 @@ enum class call_result { running, ok, failed, throttled, cancelled };
 /// One row of the timeline: times are relative to the service's origin (0 in
 /// virtual time; the first call in real time).
 struct call_record {
-  std::size_t index;
-  std::string key;
-  std::string op;
-  std::chrono::nanoseconds start;
-  std::chrono::nanoseconds end;
-  call_result result;
+  std::size_t index;               ///< 0-based, in order of arrival
+  std::string key;                 ///< the caller's key ("" if none)
+  std::string op;                  ///< the caller's operation name ("" if none)
+  std::chrono::nanoseconds start;  ///< when the call started
+  std::chrono::nanoseconds end;    ///< when it ended (== start while running)
+  call_result result;              ///< how it ended
 };
 
 /// A simulated slow external provider (HTTP API, object store, LLM endpoint).
@@ -175,15 +180,18 @@ struct call_record {
 /// @endcode
 class slow_service {
  public:
+  /// How the service behaves; designated initializers: `{.latency = ..., .quota = {...}}`.
   struct options {
-    latency_model latency = latency::fixed(std::chrono::seconds(1));
-    failure_model failure = {};
-    struct quota quota = {};
+    latency_model latency = latency::fixed(std::chrono::seconds(1));  ///< per-call latency
+    failure_model failure = {};   ///< which calls throw `service_error` (empty: none)
+    struct quota quota = {};      ///< the provider's limit (`throttled_error` over it)
     double time_scale = 1.0;      ///< multiplies every latency (real-time demos)
     bool record_timeline = true;  ///< off for million-call benchmarks
   };
 
+  /// Every call takes 1 s, none fails, no quota.
   slow_service() : slow_service(options{}) {}
+  /// Throws `std::invalid_argument` for an empty latency model or a time_scale <= 0.
   explicit slow_service(options o) : opt_(std::move(o)) {
     if (!opt_.latency)
       throw std::invalid_argument("sluice::testing::slow_service: no latency model");
@@ -240,15 +248,23 @@ class slow_service {
 
   /// Calls started (throttled ones included).
   [[nodiscard]] std::size_t calls() const noexcept { return calls_; }
+  /// Calls that returned normally.
   [[nodiscard]] std::size_t completed() const noexcept { return completed_; }
+  /// Calls that threw `service_error` (the failure model's choice).
   [[nodiscard]] std::size_t failures() const noexcept { return failures_; }
+  /// Calls refused by the quota (`throttled_error`).
   [[nodiscard]] std::size_t throttles() const noexcept { return throttles_; }
+  /// Calls cancelled while waiting.
   [[nodiscard]] std::size_t cancellations() const noexcept { return cancellations_; }
+  /// Calls in flight now.
   [[nodiscard]] std::size_t in_flight() const noexcept { return in_flight_; }
+  /// The most calls ever in flight at once.
   [[nodiscard]] std::size_t max_in_flight() const noexcept { return max_in_flight_; }
+  /// Calls for `key` in flight now.
   [[nodiscard]] std::size_t in_flight(const std::string& key) const {
     return per_key(key).in_flight;
   }
+  /// The most calls for `key` ever in flight at once.
   [[nodiscard]] std::size_t max_in_flight(const std::string& key) const {
     return per_key(key).max_in_flight;
   }
@@ -260,6 +276,7 @@ class slow_service {
   [[nodiscard]] std::size_t collisions() const noexcept { return collisions_; }
   /// One record per call, in order of arrival (empty if record_timeline is off).
   [[nodiscard]] const std::vector<call_record>& timeline() const noexcept { return timeline_; }
+  /// The options' time_scale.
   [[nodiscard]] double time_scale() const noexcept { return opt_.time_scale; }
 
  private:

@@ -45,13 +45,16 @@ class deadlock_error : public std::logic_error {
 /// @endcode
 class virtual_loop {
  public:
+  /// The loop's executor type.
   using executor_type = asio::io_context::executor_type;
 
   virtual_loop() : clock_(asio::make_service<sluice::detail::virtual_clock_service>(ctx_)) {}
   virtual_loop(const virtual_loop&) = delete;
   virtual_loop& operator=(const virtual_loop&) = delete;
 
+  /// The executor of the loop (timers on it run on virtual time).
   [[nodiscard]] executor_type get_executor() noexcept { return ctx_.get_executor(); }
+  /// The underlying io_context.
   [[nodiscard]] asio::io_context& context() noexcept { return ctx_; }
 
   /// Virtual time elapsed since the loop was made.
