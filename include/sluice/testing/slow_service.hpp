@@ -119,8 +119,8 @@ struct quota {
   std::size_t max_in_flight = 0;  ///< more than this many in flight is throttled (0: no limit)
   std::size_t calls_per_window =
       0;  ///< more than this many starts per `window` is throttled (0: no limit)
-  std::chrono::nanoseconds window{
-      std::chrono::seconds(1)};  ///< the window `calls_per_window` counts in
+  /// The window `calls_per_window` counts starts in.
+  std::chrono::nanoseconds window{std::chrono::seconds(1)};
 };
 
 /// An injected failure of a `slow_service` call.
