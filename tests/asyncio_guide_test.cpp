@@ -1,0 +1,487 @@
+// SPDX-License-Identifier: BSL-1.0
+// The snippets of docs/asyncio.md ("From asyncio to sluice"), one TEST_CASE
+// per row of its table, each run on a virtual_loop with an assertion about its
+// result. The last test case checks that every ```cpp block of the guide
+// appears in this file line for line (blanks at either end of a line, and
+// runs of blanks, ignored), so the guide cannot drift from code that compiles
+// and runs.
+#include <sluice/sluice.hpp>
+#include <sluice/testing/slow_service.hpp>
+#include <sluice/testing/virtual_time.hpp>
+
+#include <support/asio.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <variant>
+#include <vector>
+
+using namespace std::chrono_literals;
+using sluice::testing::slow_service;
+using sluice::testing::virtual_loop;
+namespace latency = sluice::testing::latency;
+namespace failures = sluice::testing::failures;
+
+namespace {
+
+// The provider every snippet calls: each call takes the latency the model gives it.
+asio::awaitable<std::string> fetch(slow_service& api, std::string key) {
+  co_await api.call(key);
+  co_return "page " + key;
+}
+
+// Three calls, made in this order, that take 3 s, 1 s and 2 s.
+slow_service three_calls() {
+  return slow_service({.latency = latency::sequence({3s, 1s, 2s})});
+}
+
+std::vector<std::string> strings(std::initializer_list<const char*> l) {
+  return {l.begin(), l.end()};
+}
+
+}  // namespace
+
+TEST_CASE("guide: gather returns the results in input order", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::sequence({3s, 1s, 2s})});
+  auto pages = loop.run([&]() -> asio::awaitable<std::vector<std::string>> {
+    std::vector<asio::awaitable<std::string>> tasks;
+    for (std::string key : {"a", "b", "c"}) tasks.push_back(fetch(api, key));
+    std::vector<std::string> pages = co_await sluice::gather(std::move(tasks));
+    // pages == {"page a", "page b", "page c"} after 3 s (the slowest call)
+    co_return pages;
+  }());
+  CHECK(pages == strings({"page a", "page b", "page c"}));
+  CHECK(loop.now() == 3s);
+}
+
+TEST_CASE("guide: gather of a fixed list returns a tuple", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::sequence({3s, 1s, 2s})});
+  auto both = loop.run([&]() -> asio::awaitable<std::tuple<std::string, std::string>> {
+    auto [a, b] = co_await sluice::gather(fetch(api, "a"), fetch(api, "b"));
+    co_return std::tuple{a, b};
+  }());
+  CHECK(both == std::tuple<std::string, std::string>{"page a", "page b"});
+  CHECK(loop.now() == 3s);
+}
+
+TEST_CASE("guide: gather with return_exceptions settles every task into an outcome",
+          "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s), .failure = failures::at_calls({1})});
+  auto failed = loop.run([&]() -> asio::awaitable<std::vector<std::string>> {
+    std::vector<asio::awaitable<std::string>> tasks;
+    for (std::string key : {"a", "b", "c"}) tasks.push_back(fetch(api, key));
+    std::vector<sluice::outcome<std::string>> results =
+        co_await sluice::gather(std::move(tasks), sluice::return_exceptions);
+    std::vector<std::string> failed;
+    for (auto& r : results)
+      if (auto* e = r.error_as<sluice::testing::service_error>()) failed.push_back(e->key());
+    co_return failed;  // {"b"}: results[0] and results[2] hold "page a", "page c"
+  }());
+  CHECK(failed == strings({"b"}));
+  CHECK(api.completed() == 2);
+}
+
+TEST_CASE("guide: gather_with_concurrency replaces the semaphore-wrapped gather",
+          "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::sequence({3s, 1s, 2s, 1s})});
+  auto pages = loop.run([&]() -> asio::awaitable<std::vector<std::string>> {
+    std::vector<asio::awaitable<std::string>> tasks;
+    for (std::string key : {"a", "b", "c", "d"}) tasks.push_back(fetch(api, key));
+    // At most 2 calls in flight; the next starts the instant one finishes.
+    auto pages = co_await sluice::gather_with_concurrency(2, std::move(tasks));
+    co_return pages;
+  }());
+  CHECK(pages == strings({"page a", "page b", "page c", "page d"}));
+  CHECK(api.max_in_flight() == 2);
+  CHECK(loop.now() == 4s);  // a: 0-3 s; b: 0-1 s, c: 1-3 s; d: 3-4 s
+}
+
+TEST_CASE("guide: as_completed through for_each yields in completion order", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api = three_calls();
+  std::vector<std::string> order;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<std::string>> tasks;
+    for (std::string key : {"a", "b", "c"}) tasks.push_back(fetch(api, key));
+    co_await sluice::for_each(sluice::as_completed(std::move(tasks), 3),
+                              [&](std::string page) { order.push_back(page); });
+  }());
+  CHECK(order == strings({"page b", "page c", "page a"}));
+  CHECK(loop.now() == 3s);
+}
+
+TEST_CASE("guide: the first completed result, the others cancelled and awaited",
+          "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api = three_calls();
+  std::string first;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<std::string>> tasks;
+    for (std::string key : {"a", "b", "c"}) tasks.push_back(fetch(api, key));
+    co_await sluice::for_each(sluice::as_completed(std::move(tasks), 3), [&](std::string page) {
+      first = page;
+      return false;  // stop: the running tasks are cancelled and waited for
+    });
+  }());
+  CHECK(first == "page b");
+  CHECK(api.cancellations() == 2);
+  CHECK(api.in_flight() == 0);
+  CHECK(loop.now() == 1s);
+}
+
+TEST_CASE("guide: map_unordered maps a function over inputs, for_each consumes",
+          "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api = three_calls();
+  std::vector<std::string> keys{"a", "b", "c"};
+  std::size_t total = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(
+        sluice::map_unordered([&](std::string key) { return fetch(api, key); }, keys, 2),
+        [&](std::string page) { total += page.size(); });
+    // Here every task has finished, however for_each was left.
+  }());
+  CHECK(total == 18);
+  CHECK(api.max_in_flight() == 2);
+  CHECK(loop.now() == 3s);
+}
+
+TEST_CASE("guide: map_unordered with return_exceptions yields outcomes", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s), .failure = failures::for_keys({"b"})});
+  std::vector<std::string> keys{"a", "b", "c"};
+  std::size_t ok = 0, failed = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(
+        sluice::map_unordered([&](std::string key) { return fetch(api, key); }, keys, 2,
+                              sluice::return_exceptions),
+        [&](sluice::outcome<std::string> r) { (r ? ok : failed) += 1; });
+  }());
+  CHECK(ok == 2);
+  CHECK(failed == 1);
+}
+
+TEST_CASE("guide: a semaphore caps the calls in flight", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s)});
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::semaphore sem{2};
+    auto limited = [&](std::string key) -> asio::awaitable<std::string> {
+      auto permit = co_await sem.scoped_acquire();  // released at scope exit
+      co_return co_await fetch(api, key);
+    };
+    co_await sluice::gather(limited("a"), limited("b"), limited("c"));
+  }());
+  CHECK(api.max_in_flight() == 2);
+  CHECK(loop.now() == 2s);
+}
+
+TEST_CASE("guide: bounded_semaphore refuses a release above its initial value", "[asyncio_guide]") {
+  virtual_loop loop;
+  bool refused = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::bounded_semaphore sem{1};
+    co_await sem.acquire();
+    sem.release();
+    try {
+      sem.release();  // released more often than acquired
+    } catch (const std::logic_error&) {
+      refused = true;
+    }
+  }());
+  CHECK(refused);
+}
+
+TEST_CASE("guide: a lock serializes a critical section", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s)});
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::lock token_refresh;
+    auto refresh = [&]() -> asio::awaitable<void> {
+      auto guard = co_await token_refresh.scoped_acquire();  // async with lock:
+      co_await api.call("token");
+    };
+    co_await sluice::gather(refresh(), refresh());
+  }());
+  CHECK(api.max_in_flight() == 1);
+  CHECK(loop.now() == 2s);
+}
+
+TEST_CASE("guide: an event wakes every waiter", "[asyncio_guide]") {
+  virtual_loop loop;
+  int woken = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::event ready;
+    auto waiter = [&]() -> asio::awaitable<void> {
+      co_await ready.wait();
+      ++woken;
+    };
+    auto setter = [&]() -> asio::awaitable<void> {
+      co_await sluice::sleep(1s);
+      ready.set();
+    };
+    co_await sluice::gather(waiter(), waiter(), setter());
+  }());
+  CHECK(woken == 2);
+  CHECK(loop.now() == 1s);
+}
+
+TEST_CASE("guide: a condition waits for a predicate under its lock", "[asyncio_guide]") {
+  virtual_loop loop;
+  int seen = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::condition cv;
+    int stock = 0;
+    auto consumer = [&]() -> asio::awaitable<void> {
+      auto guard = co_await cv.scoped_acquire();
+      co_await cv.wait([&] { return stock > 0; });  // re-acquires the lock before it returns
+      seen = stock--;
+    };
+    auto producer = [&]() -> asio::awaitable<void> {
+      co_await sluice::sleep(1s);
+      auto guard = co_await cv.scoped_acquire();
+      ++stock;
+      cv.notify();
+    };
+    co_await sluice::gather(consumer(), producer());
+  }());
+  CHECK(seen == 1);
+  CHECK(loop.now() == 1s);
+}
+
+TEST_CASE("guide: a queue shut down lets the consumer drain, then stops it", "[asyncio_guide]") {
+  virtual_loop loop;
+  std::vector<int> got;
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::queue<int> q{2};  // maxsize 2: put() waits while full
+    auto producer = [&]() -> asio::awaitable<void> {
+      for (int i = 0; i < 5; ++i) co_await q.put(i);
+      q.shutdown();  // q.shutdown(true) would drop what is left
+    };
+    auto consumer = [&]() -> asio::awaitable<void> {
+      try {
+        for (;;) got.push_back(co_await q.get());
+      } catch (const sluice::queue_shut_down&) {
+        // drained and shut down: asyncio's QueueShutDown
+      }
+    };
+    co_await sluice::gather(producer(), consumer());
+  }());
+  CHECK(got == std::vector<int>{0, 1, 2, 3, 4});
+}
+
+TEST_CASE("guide: a task_group owns the tasks spawned while it runs", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s)});
+  std::vector<std::string> pages;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto crawl = [&](std::string key) -> asio::awaitable<void> {
+      pages.push_back(co_await fetch(api, key));
+    };
+    co_await sluice::task_group::run(2, [&](sluice::task_group& g) -> asio::awaitable<void> {
+      for (std::string key : {"a", "b", "c"}) g.spawn(crawl(key));
+      co_return;
+    });  // every child has finished here (the first failure cancels the rest)
+  }());
+  CHECK(pages.size() == 3);
+  CHECK(api.max_in_flight() == 2);
+  CHECK(loop.now() == 2s);
+}
+
+TEST_CASE("guide: a timeout is a race against a timer", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(5s)});
+  bool timed_out = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    auto r = co_await (fetch(api, "slow") || sluice::sleep(2s));
+    timed_out = r.index() == 1;  // the call was cancelled and has finished
+  }());
+  CHECK(timed_out);
+  CHECK(api.cancellations() == 1);
+  CHECK(loop.now() == 2s);
+}
+
+TEST_CASE("guide: to_thread runs blocking work on a pool", "[asyncio_guide]") {
+  virtual_loop loop;
+  asio::thread_pool pool{1};
+  int answer = loop.run([&]() -> asio::awaitable<int> {
+    int n = co_await sluice::to_thread(pool.get_executor(), [] { return 6 * 7; });
+    co_return n;  // resumed on the loop's thread
+  }());
+  CHECK(answer == 42);
+}
+
+TEST_CASE("guide: cancellation arrives as operation_aborted at the awaited operation",
+          "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(5s)});
+  bool aborted = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    auto call = [&]() -> asio::awaitable<void> {
+      try {
+        co_await api.call("slow");
+      } catch (const sluice::system_error& e) {
+        aborted = e.code() == asio::error::operation_aborted;  // asyncio's CancelledError
+        throw;                                                 // let it propagate
+      }
+    };
+    co_await (call() || sluice::sleep(1s));
+  }());
+  CHECK(aborted);
+}
+
+TEST_CASE("guide: throw_if_cancelled off lets a cancelled coroutine clean up", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(5s)});
+  bool cleaned_up = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    auto call = [&]() -> asio::awaitable<void> {
+      co_await asio::this_coro::throw_if_cancelled(false);
+      std::exception_ptr failure;
+      try {
+        co_await api.call("slow");
+      } catch (const sluice::system_error&) {
+        failure = std::current_exception();  // no co_await inside a catch block
+      }
+      if (failure) {
+        co_await sluice::sleep(1s);  // cleanup can still wait: this co_await does not throw
+        cleaned_up = true;
+        std::rethrow_exception(failure);
+      }
+    };
+    co_await (call() || sluice::sleep(1s));
+  }());
+  CHECK(cleaned_up);
+  CHECK(loop.now() == 2s);
+}
+
+TEST_CASE("guide: shared_semaphore caps calls across threads and loops", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s)});
+  sluice::shared_semaphore process_cap{2};  // one for the whole process
+  loop.run([&]() -> asio::awaitable<void> {
+    auto limited = [&](std::string key) -> asio::awaitable<std::string> {
+      auto permit = co_await process_cap.scoped_acquire();
+      co_return co_await fetch(api, key);
+    };
+    co_await sluice::gather(limited("a"), limited("b"), limited("c"));
+  }());
+  CHECK(api.max_in_flight() == 2);
+  CHECK(process_cap.value() == 2);
+}
+
+TEST_CASE("guide: an awaitable does nothing until it is awaited", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s)});
+  std::size_t calls_before = 99;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto task = fetch(api, "a");  // not asyncio.create_task: nothing runs yet
+    co_await sluice::sleep(1s);
+    calls_before = api.calls();  // 0
+    co_await std::move(task);    // the call starts here
+  }());
+  CHECK(calls_before == 0);
+  CHECK(api.calls() == 1);
+  CHECK(loop.now() == 2s);
+}
+
+TEST_CASE("guide: a stream read by hand is closed before it goes out of scope", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api = three_calls();
+  std::optional<std::string> first;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<std::string> keys{"a", "b", "c"};
+    auto pages = sluice::map_unordered([&](std::string key) { return fetch(api, key); }, keys, 3);
+    first = co_await pages.next();  // "page b"
+    co_await pages.close();         // cancels the other two and waits for them
+  }());
+  CHECK(first == "page b");
+  CHECK(api.cancellations() == 2);
+  CHECK(api.in_flight() == 0);
+}
+
+// ---- the guide cannot rot ------------------------------------------------
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A line without leading/trailing blanks, inner runs of blanks made one
+// space: the guide may indent a snippet differently, and clang-format may
+// align its comments differently, without the check failing.
+std::string normalize(const std::string& line) {
+  std::string out;
+  bool blank = false;
+  for (char c : line) {
+    if (c == ' ' || c == '\t' || c == '\r') {
+      blank = !out.empty();
+      continue;
+    }
+    if (blank) out += ' ';
+    blank = false;
+    out += c;
+  }
+  return out;
+}
+
+std::vector<std::string> trimmed_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(normalize(line));
+  return out;
+}
+
+bool contains_block(const std::vector<std::string>& hay, const std::vector<std::string>& block) {
+  if (block.empty() || block.size() > hay.size()) return block.empty();
+  for (std::size_t i = 0; i + block.size() <= hay.size(); ++i) {
+    std::size_t j = 0;
+    while (j < block.size() && hay[i + j] == block[j]) ++j;
+    if (j == block.size()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("guide: every cpp block of docs/asyncio.md appears in this test file",
+          "[asyncio_guide]") {
+  const std::string self = __FILE__;
+  const auto tests_dir = self.substr(0, self.find_last_of('/'));
+  const auto guide = trimmed_lines(read_file(tests_dir + "/../docs/asyncio.md"));
+  const auto source = trimmed_lines(read_file(self));
+  std::size_t blocks = 0;
+  for (std::size_t i = 0; i < guide.size(); ++i) {
+    if (guide[i] != "```cpp") continue;
+    std::vector<std::string> block;
+    std::size_t j = i + 1;
+    for (; j < guide.size() && guide[j] != "```"; ++j) block.push_back(guide[j]);
+    REQUIRE(j < guide.size());  // every block is closed
+    ++blocks;
+    INFO("docs/asyncio.md line " << i + 1 << ": this block is not in tests/asyncio_guide_test.cpp");
+    CHECK(contains_block(source, block));
+    i = j;
+  }
+  CHECK(blocks >= 20);
+}
