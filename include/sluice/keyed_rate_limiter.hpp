@@ -30,8 +30,8 @@ namespace sluice {
 /// empty (its last start was at least `per` ago) and nobody waits for it.
 /// Exactly when: the entries are kept in order of the instant their window
 /// empties, and each `acquire`, `try_acquire` and `keys()` call first removes
-/// every entry whose instant has come and that nobody uses; an entry whose
-/// only waiter left without a grant (cancelled) is removed at once. So
+/// every entry whose instant has come and that nobody uses (an entry whose
+/// last waiter leaves after that instant is removed as it leaves). So
 /// `keys()` counts exactly the keys whose window is not empty or that have
 /// waiters, and memory follows the number of active keys.
 ///
@@ -104,7 +104,7 @@ class keyed_rate_limiter {
   // One key. Invariants: users counts acquire() calls in progress for the key
   // (an entry with users is never freed); linked entries are in expiry order.
   struct entry {
-    entry(const keyed_rate_limiter& owner)
+    explicit entry(const keyed_rate_limiter& owner)
         : core(name, detail::sliding_window(owner.window_.calls(), owner.window_.per(), name),
                owner.ex_) {}
     core_type core;
