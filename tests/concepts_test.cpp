@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSL-1.0
+#include <support/asio.hpp>
 #include <sluice/concepts.hpp>
 #include <sluice/stream.hpp>
-#include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
 #include <support/lazy_tasks.hpp>

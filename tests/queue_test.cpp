@@ -551,8 +551,8 @@ TEST_CASE("an immediate shutdown fails waiting getters and putters and drops the
   REQUIRE(q.try_put(2));
   auto& p = h.spawn([&]() -> asio::awaitable<void> { co_await q.put(3); });
   sluice::error_code put_ec, get_ec;
-  q.async_put(
-      4, asio::bind_executor(h.loop.get_executor(), [&](sluice::error_code ec) { put_ec = ec; }));
+  q.async_put(4,
+              asio::bind_executor(h.loop.get_executor(), [&](sluice::error_code ec) { put_ec = ec; }));
   h.poll();
   CHECK(q.putters() == 2);
   CHECK(q.unfinished_tasks() == 2);

@@ -573,12 +573,9 @@ TEST_CASE("callback waiters: cancelled before the grant aborts, after the grant 
   sluice::semaphore sem{h.loop.get_executor(), 0};
   asio::cancellation_signal s1, s2, s3;
   sluice::error_code e1 = asio::error::would_block, e2 = e1, e3 = e1;
-  sem.async_acquire(
-      asio::bind_cancellation_slot(s1.slot(), [&](sluice::error_code ec) { e1 = ec; }));
-  sem.async_acquire(
-      asio::bind_cancellation_slot(s2.slot(), [&](sluice::error_code ec) { e2 = ec; }));
-  sem.async_acquire(
-      asio::bind_cancellation_slot(s3.slot(), [&](sluice::error_code ec) { e3 = ec; }));
+  sem.async_acquire(asio::bind_cancellation_slot(s1.slot(), [&](sluice::error_code ec) { e1 = ec; }));
+  sem.async_acquire(asio::bind_cancellation_slot(s2.slot(), [&](sluice::error_code ec) { e2 = ec; }));
+  sem.async_acquire(asio::bind_cancellation_slot(s3.slot(), [&](sluice::error_code ec) { e3 = ec; }));
   CHECK(sem.waiters() == 3);
   s1.emit(asio::cancellation_type::terminal);
   s1.emit(asio::cancellation_type::terminal);
