@@ -130,7 +130,7 @@ class keyed_rate_limiter {
     const std::shared_ptr<bool> alive = alive_;
     std::exception_ptr error;
     try {
-      (void)co_await e.core.acquire_at(n);
+      co_await e.core.acquire(n);
     } catch (...) {
       error = std::current_exception();
     }

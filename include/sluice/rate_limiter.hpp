@@ -90,7 +90,7 @@ class rate_limiter {
   /// (nothing taken), `std::invalid_argument` at the call for a bad `n`.
   [[nodiscard]] asio::awaitable<void> acquire(std::size_t n = 1) {
     core_.check(n);
-    return acquire_void(n);
+    return core_.acquire(n);
   }
 
   /// Takes `n` starts if they fit now and nobody waits; never suspends.
@@ -107,8 +107,6 @@ class rate_limiter {
 
  private:
   static constexpr const char* name = "sluice::rate_limiter";
-  asio::awaitable<void> acquire_void(std::size_t n) { (void)co_await core_.acquire_at(n); }
-
   detail::rate_core<detail::sliding_window> core_;
 };
 

@@ -71,7 +71,7 @@ class token_bucket {
   /// waits. See `rate_limiter::acquire`.
   [[nodiscard]] asio::awaitable<void> acquire(std::size_t n = 1) {
     core_.check(n);
-    return acquire_void(n);
+    return core_.acquire(n);
   }
 
   /// Takes `n` tokens if they are there and nobody waits; never suspends.
@@ -88,8 +88,6 @@ class token_bucket {
 
  private:
   static constexpr const char* name = "sluice::token_bucket";
-  asio::awaitable<void> acquire_void(std::size_t n) { (void)co_await core_.acquire_at(n); }
-
   detail::rate_core<detail::bucket> core_;
 };
 

@@ -34,7 +34,9 @@ class clock_source {
  public:
   void bind(const asio::any_io_executor& ex, const char* who) {
     if (!ex) return;
-    virtual_clock_service* v = find_virtual_clock(ex);
+    auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
+    if (bound_ && &ctx == ctx_) return;  // the usual case: no service lookup
+    virtual_clock_service* v = find_virtual_clock(ctx);
     if (!bound_) {
       bound_ = true;
       vclock_ = v;
@@ -44,6 +46,7 @@ class clock_source {
                              "steady clock, or another virtual loop); construct it with the "
                              "executor of the loop that uses it");
     }
+    ctx_ = &ctx;
   }
   // A synchronous call (try_acquire) before any binding reads the steady clock.
   void bind_if_unbound() noexcept { bound_ = true; }
@@ -57,6 +60,7 @@ class clock_source {
  private:
   bool bound_ = false;
   virtual_clock_service* vclock_ = nullptr;
+  asio::execution_context* ctx_ = nullptr;  // the context last seen (a cache)
 };
 
 // The single timer of one limiter: calls fn(context) at the armed deadline. On
@@ -358,19 +362,17 @@ class rate_core {
         token, n);
   }
 
-  // Waits for n units and returns the grant time. A caller whose cancellation
-  // was already requested takes nothing and throws operation_aborted; one
-  // cancelled after its grant but before it resumed gives the grant back.
-  // Precondition: check(n) passed.
-  asio::awaitable<clock::time_point> acquire_at(std::size_t n) {
+  // Waits for n units. A caller whose cancellation was already requested
+  // takes nothing and throws operation_aborted; one cancelled after its grant
+  // but before it resumed gives the grant back (by its grant time) and throws
+  // operation_aborted. Precondition: check(n) passed.
+  asio::awaitable<void> acquire(std::size_t n) {
     const auto state = co_await asio::this_coro::cancellation_state;
     if (state.cancelled() != asio::cancellation_type::none)
       throw system_error(asio::error::operation_aborted, name_);
-    const asio::any_io_executor ex = co_await asio::this_coro::executor;
     affinity_.check(name_);
-    clock_.bind(ex, name_);
-    const auto now = clock_.now();
-    if (try_take(n, now)) co_return now;
+    clock_.bind(co_await asio::this_coro::executor, name_);
+    if (try_take(n, clock_.now())) co_return;
     if (!alive_) alive_ = std::make_shared<bool>(true);
     const std::shared_ptr<bool> alive = alive_;
     auto initiation = [self = this](auto&& handler, std::size_t count) {
@@ -384,7 +386,6 @@ class rate_core {
       if (*alive) give_back(n, granted);
       throw system_error(asio::error::operation_aborted, name_);
     }
-    co_return granted;
   }
 
   void give_back(std::size_t n, clock::time_point granted_at) {
