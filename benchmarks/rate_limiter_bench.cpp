@@ -21,6 +21,7 @@
 #include <support/asio.hpp>
 
 #include <benchmark/benchmark.h>
+#include <support/bench_loop.hpp>
 
 #include <chrono>
 #include <exception>
@@ -28,20 +29,8 @@
 
 namespace {
 
-void rethrow(std::exception_ptr e) {
-  if (e) std::rethrow_exception(e);
-}
-
-void run_coroutine(benchmark::State& state,
-                   std::function<asio::awaitable<void>(benchmark::State&)> body) {
-  asio::io_context ctx(1);
-  asio::co_spawn(ctx, body(state), rethrow);
-  ctx.run();
-}
-
-asio::awaitable<void> trivial() {
-  co_return;
-}
+using sluice_bench::run_coroutine;
+using sluice_bench::trivial;
 
 void nested_co_await(benchmark::State& state) {
   run_coroutine(state, [](benchmark::State& s) -> asio::awaitable<void> {

@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <support/death.hpp>
 #include <support/spawned.hpp>
+#include <support/virtual_timers.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -25,14 +26,11 @@
 using namespace std::chrono_literals;
 using sluice::testing::slow_service;
 using sluice::testing::virtual_loop;
+using sluice_test::pending_timers;
 using sluice_test::tasks_on_loop;
 namespace latency = sluice::testing::latency;
 
 namespace {
-
-std::size_t pending_timers(virtual_loop& loop) {
-  return asio::use_service<sluice::detail::virtual_clock_service>(loop.context()).pending();
-}
 
 // The most starts in any half-open window (t - per, t]; the maximum is reached
 // by a window that ends at a start.

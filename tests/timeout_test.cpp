@@ -14,6 +14,7 @@
 #include <support/ending.hpp>
 #include <support/lazy_tasks.hpp>
 #include <support/spawned.hpp>
+#include <support/virtual_timers.hpp>
 
 #include <chrono>
 #include <stdexcept>
@@ -23,14 +24,11 @@
 using namespace std::chrono_literals;
 using sluice::testing::slow_service;
 using sluice::testing::virtual_loop;
+using sluice_test::pending_timers;
 using sluice_test::tasks_on_loop;
 namespace latency = sluice::testing::latency;
 
 namespace {
-
-std::size_t pending_timers(virtual_loop& loop) {
-  return asio::use_service<sluice::detail::virtual_clock_service>(loop.context()).pending();
-}
 
 asio::awaitable<int> value_after(std::chrono::nanoseconds d, int v) {
   co_await sluice::sleep(d);

@@ -50,6 +50,9 @@ namespace sluice {
 /// - Destroying it with waiters completes them with `operation_aborted`.
 ///   Loop-affine like the other primitives (same debug-build affinity checks).
 ///
+/// Members: `async_acquire(n, token)`, `acquire(n = 1)`, `try_acquire(n = 1)`,
+/// `waiters()`, `max_waiters()` (documented in `detail::rate_limiter_api`).
+///
 /// @code
 /// sluice::rate_limiter rpm{60, std::chrono::minutes(1)};   // the provider's quota
 /// sluice::semaphore in_flight{4};                          // and its concurrency cap
@@ -59,47 +62,21 @@ namespace sluice {
 ///   co_return co_await llm.assess(d);
 /// };
 /// @endcode
-class rate_limiter {
+class rate_limiter : public detail::rate_limiter_api<detail::sliding_window> {
  public:
   /// At most `calls` starts in any window of `per`; no executor (handlers
   /// without one are rejected; time comes from the first waiter).
   rate_limiter(std::size_t calls, clock::duration per)
-      : core_(name, detail::sliding_window(calls, per, name), asio::any_io_executor{}) {}
+      : rate_limiter_api(name, detail::sliding_window(calls, per, name), asio::any_io_executor{}) {}
 
   /// As above, with an executor: its context's clock is used from the start
   /// (also by `try_acquire()`), and it runs handlers that have no executor.
   template <class Executor>
   requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
       rate_limiter(const Executor& ex, std::size_t calls, clock::duration per)
-      : core_(name, detail::sliding_window(calls, per, name), asio::any_io_executor(ex)) {}
+      : rate_limiter_api(name, detail::sliding_window(calls, per, name),
+                         asio::any_io_executor(ex)) {}
 
-  rate_limiter(const rate_limiter&) = delete;
-  rate_limiter& operator=(const rate_limiter&) = delete;
-
-  /// Waits until `n` more starts fit in the window. Completion signature
-  /// `void(error_code)`; `operation_aborted` if cancelled (nothing taken) or
-  /// if the limiter is destroyed first. Completes through a post even when
-  /// free. Throws `std::invalid_argument` at once for `n == 0` or `n > calls`.
-  template <asio::completion_token_for<void(error_code)> CompletionToken>
-  auto async_acquire(std::size_t n, CompletionToken&& token) {
-    return core_.async_acquire(n, std::forward<CompletionToken>(token));
-  }
-
-  /// Waits until `n` more starts fit; does not suspend when they fit now and
-  /// nobody waits. Throws `system_error(operation_aborted)` when cancelled
-  /// (nothing taken), `std::invalid_argument` at the call for a bad `n`.
-  [[nodiscard]] asio::awaitable<void> acquire(std::size_t n = 1) {
-    core_.check(n);
-    return core_.acquire(n);
-  }
-
-  /// Takes `n` starts if they fit now and nobody waits; never suspends.
-  [[nodiscard]] bool try_acquire(std::size_t n = 1) { return core_.try_acquire(n); }
-
-  /// Operations waiting now.
-  [[nodiscard]] std::size_t waiters() const noexcept { return core_.waiters(); }
-  /// The most operations that ever waited at once.
-  [[nodiscard]] std::size_t max_waiters() const noexcept { return core_.max_waiters(); }
   /// The quota: starts per window.
   [[nodiscard]] std::size_t calls() const noexcept { return core_.policy().calls(); }
   /// The window length.
@@ -107,7 +84,6 @@ class rate_limiter {
 
  private:
   static constexpr const char* name = "sluice::rate_limiter";
-  detail::rate_core<detail::sliding_window> core_;
 };
 
 }  // namespace sluice

@@ -39,48 +39,29 @@ namespace sluice {
 /// above 10^9), `burst == 0` at construction; `n == 0` or `n > burst` at the
 /// call.
 ///
+/// Members: `async_acquire(n, token)`, `acquire(n = 1)`, `try_acquire(n = 1)`,
+/// `waiters()`, `max_waiters()` (documented in `detail::rate_limiter_api`).
+///
 /// @code
 /// sluice::token_bucket tb{10.0, 20};      // 10 per second, bursts of 20
 /// co_await tb.acquire();                  // one token
 /// co_await tb.acquire(5);                 // five at once (FIFO)
 /// if (!tb.try_acquire()) shed_load();
 /// @endcode
-class token_bucket {
+class token_bucket : public detail::rate_limiter_api<detail::bucket> {
  public:
   /// `rate_per_second` tokens per second, at most `burst` held; starts full.
   token_bucket(double rate_per_second, std::size_t burst)
-      : core_(name, detail::bucket(rate_per_second, burst, name), asio::any_io_executor{}) {}
+      : rate_limiter_api(name, detail::bucket(rate_per_second, burst, name),
+                         asio::any_io_executor{}) {}
 
   /// As above, with an executor whose context's clock is used from the start.
   template <class Executor>
   requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
       token_bucket(const Executor& ex, double rate_per_second, std::size_t burst)
-      : core_(name, detail::bucket(rate_per_second, burst, name), asio::any_io_executor(ex)) {}
+      : rate_limiter_api(name, detail::bucket(rate_per_second, burst, name),
+                         asio::any_io_executor(ex)) {}
 
-  token_bucket(const token_bucket&) = delete;
-  token_bucket& operator=(const token_bucket&) = delete;
-
-  /// Waits for `n` tokens; completion signature `void(error_code)`. See
-  /// `rate_limiter::async_acquire`.
-  template <asio::completion_token_for<void(error_code)> CompletionToken>
-  auto async_acquire(std::size_t n, CompletionToken&& token) {
-    return core_.async_acquire(n, std::forward<CompletionToken>(token));
-  }
-
-  /// Waits for `n` tokens; does not suspend when they are there and nobody
-  /// waits. See `rate_limiter::acquire`.
-  [[nodiscard]] asio::awaitable<void> acquire(std::size_t n = 1) {
-    core_.check(n);
-    return core_.acquire(n);
-  }
-
-  /// Takes `n` tokens if they are there and nobody waits; never suspends.
-  [[nodiscard]] bool try_acquire(std::size_t n = 1) { return core_.try_acquire(n); }
-
-  /// Operations waiting now.
-  [[nodiscard]] std::size_t waiters() const noexcept { return core_.waiters(); }
-  /// The most operations that ever waited at once.
-  [[nodiscard]] std::size_t max_waiters() const noexcept { return core_.max_waiters(); }
   /// The capacity.
   [[nodiscard]] std::size_t burst() const noexcept { return core_.policy().burst(); }
   /// Tokens available now (fractional while refilling), on the bucket's clock.
@@ -88,7 +69,6 @@ class token_bucket {
 
  private:
   static constexpr const char* name = "sluice::token_bucket";
-  detail::rate_core<detail::bucket> core_;
 };
 
 }  // namespace sluice

@@ -443,6 +443,48 @@ class rate_core {
   [[no_unique_address]] affinity affinity_;
 };
 
+// The public members shared by rate_limiter and token_bucket (documented
+// there), over one rate_core.
+template <class Policy>
+class rate_limiter_api {
+ public:
+  rate_limiter_api(const rate_limiter_api&) = delete;
+  rate_limiter_api& operator=(const rate_limiter_api&) = delete;
+
+  /// Waits until `n` units are free. Completion signature `void(error_code)`;
+  /// `operation_aborted` if cancelled (nothing taken) or if the limiter is
+  /// destroyed first. Completes through a post even when free. Throws
+  /// `std::invalid_argument` at once for `n == 0` or an `n` that could never
+  /// be granted.
+  template <asio::completion_token_for<void(error_code)> CompletionToken>
+  auto async_acquire(std::size_t n, CompletionToken&& token) {
+    return core_.async_acquire(n, std::forward<CompletionToken>(token));
+  }
+
+  /// Waits until `n` units are free; does not suspend when they are and nobody
+  /// waits. Throws `system_error(operation_aborted)` when cancelled (nothing
+  /// taken), `std::invalid_argument` at the call for a bad `n`.
+  [[nodiscard]] asio::awaitable<void> acquire(std::size_t n = 1) {
+    core_.check(n);
+    return core_.acquire(n);
+  }
+
+  /// Takes `n` units if they are free now and nobody waits; never suspends.
+  [[nodiscard]] bool try_acquire(std::size_t n = 1) { return core_.try_acquire(n); }
+
+  /// Operations waiting now.
+  [[nodiscard]] std::size_t waiters() const noexcept { return core_.waiters(); }
+  /// The most operations that ever waited at once.
+  [[nodiscard]] std::size_t max_waiters() const noexcept { return core_.max_waiters(); }
+
+ protected:
+  rate_limiter_api(const char* name, Policy policy, asio::any_io_executor ex)
+      : core_(name, std::move(policy), std::move(ex)) {}
+  ~rate_limiter_api() = default;
+
+  rate_core<Policy> core_;
+};
+
 }  // namespace sluice::detail
 
 #endif  // SLUICE_DETAIL_RATE_CORE_HPP
