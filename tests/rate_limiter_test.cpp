@@ -330,6 +330,31 @@ TEST_CASE("a rate_limiter without an executor takes its clock from the first wai
   CHECK(loop.now() == 30s);
 }
 
+TEST_CASE("waiters on a strand are granted on time and resume on the strand", "[rate_limiter]") {
+  // Also guards against g++ 12 destroying co_await temporaries twice, which
+  // over-releases a strand's shared state.
+  virtual_loop loop;
+  auto strand = asio::make_strand(loop.get_executor());
+  sluice::rate_limiter rl{strand, 2, 10s};
+  int on_strand = 0;
+  std::vector<std::chrono::nanoseconds> at;
+  for (int i = 0; i < 5; ++i) {
+    asio::co_spawn(
+        strand,
+        [&]() -> asio::awaitable<void> {
+          co_await rl.acquire();
+          on_strand += strand.running_in_this_thread() ? 1 : 0;
+          at.push_back(loop.now());
+        },
+        [](std::exception_ptr e) {
+          if (e) std::rethrow_exception(e);
+        });
+  }
+  loop.run_for(30s);
+  CHECK(on_strand == 5);
+  CHECK(at == std::vector<std::chrono::nanoseconds>{0s, 0s, 10s, 10s, 20s});
+}
+
 TEST_CASE("a rate_limiter waits on the steady clock on an ordinary io_context", "[rate_limiter]") {
   asio::io_context ctx;
   sluice::rate_limiter rl{1, 20ms};
