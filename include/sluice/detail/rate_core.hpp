@@ -114,8 +114,6 @@ class rate_timer {
     }
   }
 
-  [[nodiscard]] bool armed() const noexcept { return armed_; }
-
  private:
   struct node : virtual_timer_node {
     rate_timer* owner = nullptr;
@@ -395,14 +393,12 @@ class rate_core {
 
   // For keyed limiters: share an already bound clock.
   void adopt_clock(const clock_source& c) noexcept { clock_.adopt(c); }
-  [[nodiscard]] const clock_source& clock_of() const noexcept { return clock_; }
 
   [[nodiscard]] std::size_t waiters() const noexcept { return waiters_.size(); }
   [[nodiscard]] std::size_t max_waiters() const noexcept { return waiters_.max_size(); }
   [[nodiscard]] Policy& policy() noexcept { return policy_; }
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   [[nodiscard]] clock::time_point now() const { return clock_.now(); }
-  [[nodiscard]] bool timer_armed() const noexcept { return timer_.armed(); }
 
  private:
   bool try_take(std::size_t n, clock::time_point now) {
