@@ -29,7 +29,13 @@
 #include <sluice/task_group.hpp>
 #include <sluice/to_thread.hpp>
 
-// Time
+// Limits that protect a provider: rates per time window (per key)
+#include <sluice/keyed_rate_limiter.hpp>
+#include <sluice/rate_limiter.hpp>
+#include <sluice/token_bucket.hpp>
+
+// Time, timeouts and deadlines
 #include <sluice/time.hpp>
+#include <sluice/timeout.hpp>
 
 #endif  // SLUICE_SLUICE_HPP
