@@ -39,6 +39,7 @@ namespace sluice {
 /// be told apart by type alone.
 class timeout_error : public std::runtime_error {
  public:
+  /// A timeout after `limit`; the message states it in seconds.
   explicit timeout_error(clock::duration limit)
       : std::runtime_error(message(limit)), limit_(limit) {}
 
@@ -189,7 +190,7 @@ template <class T, class Executor>
 
 /// Tag type of `sluice::deadline`.
 struct deadline_t {
-  clock::duration limit;
+  clock::duration limit;  ///< the time limit, counted from the first `co_await` of the call
 };
 
 /// A time limit for a settling fan-out that keeps what finished:
