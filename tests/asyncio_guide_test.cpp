@@ -301,18 +301,78 @@ TEST_CASE("guide: a task_group owns the tasks spawned while it runs", "[asyncio_
   CHECK(loop.now() == 2s);
 }
 
-TEST_CASE("guide: a timeout is a race against a timer", "[asyncio_guide]") {
+TEST_CASE("guide: with_timeout cancels the call and throws timeout_error", "[asyncio_guide]") {
   virtual_loop loop;
   slow_service api({.latency = latency::fixed(5s)});
   bool timed_out = false;
   loop.run([&]() -> asio::awaitable<void> {
-    using namespace asio::experimental::awaitable_operators;
-    auto r = co_await (fetch(api, "slow") || sluice::sleep(2s));
-    timed_out = r.index() == 1;  // the call was cancelled and has finished
+    try {
+      std::string page = co_await sluice::with_timeout(2s, fetch(api, "slow"));
+    } catch (const sluice::timeout_error&) {
+      timed_out = true;  // the call was cancelled and has finished
+    }
   }());
   CHECK(timed_out);
   CHECK(api.cancellations() == 1);
   CHECK(loop.now() == 2s);
+}
+
+TEST_CASE("guide: a deadline keeps what finished and times out the rest", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api = three_calls();
+  auto results = loop.run([&]() -> asio::awaitable<std::vector<sluice::outcome<std::string>>> {
+    std::vector<asio::awaitable<std::string>> tasks;
+    for (std::string key : {"a", "b", "c"}) tasks.push_back(fetch(api, key));
+    auto results =
+        co_await sluice::gather(std::move(tasks), sluice::return_exceptions, sluice::deadline(2s));
+    // results[0] holds a timeout_error (3 s); results[1], results[2]: "page b", "page c"
+    co_return results;
+  }());
+  REQUIRE(results.size() == 3);
+  CHECK(results[0].error_as<sluice::timeout_error>() != nullptr);
+  CHECK(*results[1] == "page b");
+  CHECK(*results[2] == "page c");
+  CHECK(loop.now() == 2s);
+}
+
+TEST_CASE("guide: a rate_limiter keeps the calls inside the provider's quota", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api(
+      {.latency = latency::fixed(100ms), .quota = {.calls_per_window = 2, .window = 1s}});
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::rate_limiter quota{2, 1s};  // at most 2 starts in any 1 s window
+    auto limited = [&](std::string key) -> asio::awaitable<std::string> {
+      co_await quota.acquire();  // a start inside the quota
+      co_return co_await fetch(api, key);
+    };
+    co_await sluice::gather(limited("a"), limited("b"), limited("c"), limited("d"), limited("e"));
+  }());
+  CHECK(api.throttles() == 0);  // starts at 0 s, 0 s, 1 s, 1 s, 2 s
+  CHECK(loop.now() == 2100ms);
+}
+
+TEST_CASE("guide: a token_bucket spreads acquisitions at its rate", "[asyncio_guide]") {
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::token_bucket bucket{2.0, 1};                    // 2 tokens per second, bursts of 1
+    for (int i = 0; i < 3; ++i) co_await bucket.acquire();  // at 0 s, 0.5 s, 1 s
+  }());
+  CHECK(loop.now() == 1s);
+}
+
+TEST_CASE("guide: a keyed_rate_limiter limits each key on its own", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(100ms)});
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::keyed_rate_limiter<std::string> per_customer{1, 1s};  // 1 start per second per key
+    auto limited = [&](std::string customer) -> asio::awaitable<std::string> {
+      co_await per_customer.acquire(customer);
+      co_return co_await fetch(api, customer);
+    };
+    co_await sluice::gather(limited("alice"), limited("alice"), limited("bob"));
+  }());
+  CHECK(api.max_in_flight() == 2);  // alice and bob at 0 s; alice again at 1 s
+  CHECK(loop.now() == 1100ms);
 }
 
 // The one row on a plain io_context: virtual_loop cannot wait for work on
