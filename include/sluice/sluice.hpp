@@ -23,6 +23,10 @@
 #include <sluice/queue.hpp>
 #include <sluice/semaphore.hpp>
 
+// Limits that protect a provider: per key, deduplication
+#include <sluice/keyed_semaphore.hpp>
+#include <sluice/single_flight.hpp>
+
 // Time
 #include <sluice/time.hpp>
 
