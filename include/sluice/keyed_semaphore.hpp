@@ -123,7 +123,9 @@ class keyed_semaphore {
   template <asio::completion_token_for<void(error_code)> CompletionToken>
   auto async_acquire(Key key, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code)>(
-        [this](auto&& handler, Key k) { initiate(std::forward<decltype(handler)>(handler), k); },
+        [self = this](auto&& handler, Key k) {
+          self->initiate(std::forward<decltype(handler)>(handler), k);
+        },
         token, std::move(key));
   }
 
