@@ -301,6 +301,36 @@ TEST_CASE("a million distinct keys leave no entry behind", "[keyed_semaphore]") 
   CHECK(ks.keys() == 0);
 }
 
+TEST_CASE("a freed entry reused for the next key keeps no trace of the old one",
+          "[keyed_semaphore]") {
+  tasks_on_loop h;
+  keyed ks{2};
+  { auto a = ks.try_acquire("a"); }  // "a" freed: its node is kept spare
+  auto b1 = ks.try_acquire("b");     // ...and reused for "b"
+  REQUIRE(b1);
+  CHECK(b1->key() == "b");
+  CHECK(ks.keys() == 1);
+  CHECK(ks.value("a") == 2);
+  CHECK(ks.value("b") == 1);
+  auto b2 = ks.try_acquire("b");
+  CHECK_FALSE(ks.try_acquire("b"));
+  auto a = ks.try_acquire("a");
+  REQUIRE(a);
+  CHECK(ks.value("a") == 1);
+  auto& w = h.spawn([&]() -> asio::awaitable<void> { co_await ks.acquire("b"); });
+  h.poll();
+  CHECK(ks.waiters("b") == 1);
+  CHECK(ks.waiters("a") == 0);
+  b1.reset();
+  h.poll();
+  CHECK(w.succeeded());
+  b2.reset();
+  ks.release("b");
+  a.reset();
+  CHECK(ks.keys() == 0);
+  CHECK(ks.value("b") == 2);
+}
+
 TEST_CASE("a key's entry is freed when its last holder leaves after its waiters were cancelled",
           "[keyed_semaphore]") {
   tasks_on_loop h;

@@ -30,7 +30,9 @@ namespace sluice {
 /// Memory is proportional to the keys held or waited for *now* (`keys()`), not
 /// to the keys ever seen: a million distinct keys used one after another leave
 /// `keys() == 0` and memory flat. (The hash table keeps the bucket array of its
-/// largest population, as `std::unordered_map` does.)
+/// largest population, as `std::unordered_map` does, and the memory of one
+/// idle entry for reuse, so keys that come and go one at a time allocate
+/// nothing.)
 ///
 /// What resumes where: an uncontended `acquire(key)` does not suspend. A waiter
 /// is never resumed inside `release(key)`: its completion is posted to the
@@ -195,7 +197,21 @@ class keyed_semaphore {
   // Node addresses are stable: an entry stays where it is until it is erased.
   node_type* node_for(const Key& key) {
     affinity_.check(name);
-    return &*map_.try_emplace(key, name, per_key_, true, ex_).first;
+    return &*entry(key).first;
+  }
+
+  // The entry of `key` and whether it was made now: from the spare node when
+  // there is one (an idle entry is in exactly a new entry's state: per_key_
+  // free permits, no waiter), else allocated.
+  std::pair<typename map_type::iterator, bool> entry(const Key& key) {
+    if constexpr (std::is_copy_assignable_v<Key>) {
+      if (!spare_.empty()) {
+        if (auto it = map_.find(key); it != map_.end()) return {it, false};
+        spare_.key() = key;
+        return {map_.insert(std::move(spare_)).position, true};
+      }
+    }
+    return map_.try_emplace(key, name, per_key_, true, ex_);
   }
 
   // Waits on n's key; a permit granted to a coroutine cancelled before it
@@ -208,7 +224,7 @@ class keyed_semaphore {
   void initiate(Handler&& handler, const Key& key) {
     affinity_.check(name);
     affinity_.bind(asio::get_associated_executor(handler, ex_));
-    auto [it, made] = map_.try_emplace(key, name, per_key_, true, ex_);
+    auto [it, made] = entry(key);
     try {
       it->second.initiate(std::forward<Handler>(handler), true);
     } catch (...) {
@@ -225,12 +241,21 @@ class keyed_semaphore {
   void release_at(typename map_type::iterator it) {
     detail::permit_core& core = it->second;
     core.release("sluice::keyed_semaphore::release: the key is not held");
-    if (core.value() == per_key_ && core.waiters() == 0) map_.erase(it);
+    if (core.value() == per_key_ && core.waiters() == 0) {
+      if (spare_.empty()) {
+        spare_ = map_.extract(it);
+      } else {
+        map_.erase(it);
+      }
+    }
   }
 
   asio::any_io_executor ex_;
   std::size_t per_key_;
   map_type map_;
+  // One idle entry kept for the next new key, so keys that come and go one at
+  // a time allocate nothing. Not counted by keys().
+  typename map_type::node_type spare_;
   [[no_unique_address]] detail::affinity affinity_;
 };
 
