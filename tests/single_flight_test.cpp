@@ -189,6 +189,32 @@ TEST_CASE("cancelling all three callers cancels the work, which has finished whe
   CHECK(svc.in_flight() == 0);
 }
 
+TEST_CASE("callers racing timeouts leave one by one; the last timeout cancels and awaits the work",
+          "[single_flight]") {
+  using namespace asio::experimental::awaitable_operators;
+  slow_service svc({.latency = fixed(5s)});
+  sluice::single_flight<std::string, int> flights;
+  slow_cleanup work;
+  std::vector<std::chrono::nanoseconds> returned_at;
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto fn = [&] {
+      return work.run(svc, 500ms);
+    };
+    auto caller = [&](std::chrono::nanoseconds timeout) -> asio::awaitable<void> {
+      auto r = co_await (flights.run("k", fn) || sluice::sleep(timeout));
+      CHECK(r.index() == 1);  // timed out
+      returned_at.push_back(loop.now());
+    };
+    co_await (caller(1s) && caller(2s));
+  });
+  CHECK(returned_at == std::vector<std::chrono::nanoseconds>{1s, 2500ms});
+  CHECK(work.cancelled);
+  CHECK(work.finished);
+  CHECK(svc.cancellations() == 1);
+  CHECK(flights.in_flight() == 0);
+}
+
 TEST_CASE("the last caller cancelled again while the work winds down still waits for it",
           "[single_flight]") {
   slow_service svc({.latency = fixed(10s)});
