@@ -242,7 +242,7 @@ class keyed_semaphore {
     detail::permit_core& core = it->second;
     core.release("sluice::keyed_semaphore::release: the key is not held");
     if (core.value() == per_key_ && core.waiters() == 0) {
-      if (spare_.empty()) {
+      if (std::is_copy_assignable_v<Key> && spare_.empty()) {
         spare_ = map_.extract(it);
       } else {
         map_.erase(it);
