@@ -74,7 +74,7 @@ namespace sluice {
 /// sluice::single_flight<std::string, profile> profiles;
 /// asio::awaitable<profile> get_profile(std::string id) {
 ///   // 50 concurrent requests for one id make one call to the backend.
-///   auto fetch = [id] { return fetch_profile(id); };   // named: see below
+///   auto fetch = [id] { return fetch_profile(id); };   // named: see the g++ 12 note
 ///   co_return co_await profiles.run(id, fetch);
 /// }
 /// @endcode
