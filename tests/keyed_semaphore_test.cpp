@@ -474,6 +474,32 @@ TEST_CASE("callback waiters on a key: cancelled before the grant aborts, after i
   CHECK(ks.keys() == 0);
 }
 
+TEST_CASE("waiters on a strand are handed a key's permits and resume on the strand",
+          "[keyed_semaphore]") {
+  virtual_loop loop;
+  auto strand = asio::make_strand(loop.get_executor());
+  keyed ks{strand, 1};
+  int resumed_on_strand = 0;
+  std::vector<std::chrono::nanoseconds> acquired_at;
+  for (int i = 0; i < 3; ++i) {
+    asio::co_spawn(
+        strand,
+        [&]() -> asio::awaitable<void> {
+          auto permit = co_await ks.scoped_acquire("k");
+          resumed_on_strand += strand.running_in_this_thread() ? 1 : 0;
+          acquired_at.push_back(loop.now());
+          co_await sluice::sleep(1s);
+        },
+        [](std::exception_ptr e) {
+          if (e) std::rethrow_exception(e);
+        });
+  }
+  loop.run_for(10s);
+  CHECK(resumed_on_strand == 3);
+  CHECK(acquired_at == std::vector<std::chrono::nanoseconds>{0s, 1s, 2s});
+  CHECK(ks.keys() == 0);
+}
+
 // ---------------------------------------------------------------------------
 // Bad input, destruction, affinity, customisation.
 

@@ -440,3 +440,32 @@ TEST_CASE("fn throwing when called reaches its caller and registers nothing", "[
     CHECK(r == 3);
   });
 }
+
+TEST_CASE("callers on a strand resume on it and the work runs on the first caller's strand",
+          "[single_flight]") {
+  virtual_loop loop;
+  auto strand = asio::make_strand(loop.get_executor());
+  sluice::single_flight<int, int> flights;
+  int work_on_strand = 0, resumed_on_strand = 0, runs = 0;
+  auto work = [&]() -> asio::awaitable<int> {
+    ++runs;
+    co_await sluice::sleep(1s);
+    work_on_strand += strand.running_in_this_thread() ? 1 : 0;
+    co_return 7;
+  };
+  for (int i = 0; i < 3; ++i) {
+    asio::co_spawn(
+        strand,
+        [&]() -> asio::awaitable<void> {
+          const int r = co_await flights.run(1, work);
+          resumed_on_strand += (r == 7 && strand.running_in_this_thread()) ? 1 : 0;
+        },
+        [](std::exception_ptr e) {
+          if (e) std::rethrow_exception(e);
+        });
+  }
+  loop.run_for(2s);
+  CHECK(runs == 1);
+  CHECK(work_on_strand == 1);
+  CHECK(resumed_on_strand == 3);
+}

@@ -85,6 +85,7 @@ class single_flight {
                 "be void or copy constructible (share a move-only result through a shared_ptr)");
 
  public:
+  /// A `single_flight` with no execution running.
   single_flight() = default;
   single_flight(const single_flight&) = delete;
   single_flight& operator=(const single_flight&) = delete;
