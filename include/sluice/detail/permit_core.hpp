@@ -73,13 +73,21 @@ class permit_core {
   // but whose coroutine was cancelled before it resumed hands the permit on and
   // throws operation_aborted, as if the cancellation had come first.
   asio::awaitable<void> acquire() {
+    return acquire([this] { release(""); });
+  }
+
+  // As acquire(), but a granted-then-cancelled permit is handed on by calling
+  // `hand_on()` (keyed_semaphore releases through its map, which may destroy
+  // this core: nothing here touches `this` after hand_on()).
+  template <class HandOn>
+  asio::awaitable<void> acquire(HandOn hand_on) {
     if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
     auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     co_await async_acquire(asio::use_awaitable);
     if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
-      release("");
+      hand_on();
       throw system_error(asio::error::operation_aborted);
     }
   }
