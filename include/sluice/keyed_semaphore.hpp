@@ -222,8 +222,8 @@ class keyed_semaphore {
 
   template <class Handler>
   void initiate(Handler&& handler, const Key& key) {
-    affinity_.check(name);
     affinity_.bind(asio::get_associated_executor(handler, ex_));
+    affinity_.check(name);
     auto [it, made] = entry(key);
     try {
       it->second.initiate(std::forward<Handler>(handler), true);

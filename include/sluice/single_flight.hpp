@@ -170,8 +170,8 @@ class single_flight {
 
   template <class Fn>
   std::shared_ptr<flight> join(const Key& key, Fn& fn, const asio::any_io_executor& ex) {
-    affinity_.check(name);
     affinity_.bind(ex);
+    affinity_.check(name);
     if (auto it = flights_.find(key); it != flights_.end()) return it->second;
     asio::awaitable<T> work = fn();  // if it throws, nothing was registered
     auto f = std::make_shared<flight>(this, key);

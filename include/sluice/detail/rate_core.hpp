@@ -333,9 +333,9 @@ class rate_core {
 
   template <class Deliver, class Handler>
   void initiate(Handler&& handler, std::size_t n) {
-    affinity_.check(name_);
     auto hex = asio::get_associated_executor(handler, ex_);
     affinity_.bind(hex);
+    affinity_.check(name_);
     const asio::any_io_executor any(hex);
     clock_.bind(any, name_);
     if (!timer_ex_) timer_ex_ = ex_ ? ex_ : any;
