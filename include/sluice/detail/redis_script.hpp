@@ -127,6 +127,20 @@ asio::awaitable<T> redis_without_throw_if_cancelled(asio::awaitable<T> a) {
   if constexpr (!std::is_void_v<T>) co_return std::move(*v);
 }
 
+// A handler that exposes a cancellation slot itself (co_spawn forwards the
+// slot's cancellation into the coroutine at once on every Asio version).
+template <class F>
+struct redis_slot_handler {
+  using cancellation_slot_type = asio::cancellation_slot;
+  cancellation_slot_type slot;
+  F f;
+  cancellation_slot_type get_cancellation_slot() const noexcept { return slot; }
+  template <class... Args>
+  void operator()(Args&&... args) {
+    f(std::forward<Args>(args)...);
+  }
+};
+
 }  // namespace sluice::detail
 
 #endif  // SLUICE_DETAIL_REDIS_SCRIPT_HPP

@@ -114,20 +114,6 @@ if free < 0 then free = 0 end
 return {free, redis.call('ZCARD', KEYS[2])}
 )lua";
 
-// A handler that exposes a cancellation slot itself (co_spawn forwards the
-// slot's cancellation into the coroutine at once on every Asio version).
-template <class F>
-struct redis_slot_handler {
-  using cancellation_slot_type = asio::cancellation_slot;
-  cancellation_slot_type slot;
-  F f;
-  cancellation_slot_type get_cancellation_slot() const noexcept { return slot; }
-  template <class... Args>
-  void operator()(Args&&... args) {
-    f(std::forward<Args>(args)...);
-  }
-};
-
 // The state of a redis::semaphore, shared with its renewal loop and its
 // subscriber callbacks. Loop-affine.
 struct redis_sem_state {
