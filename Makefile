@@ -7,15 +7,16 @@
 #                -Wmaybe-uninitialized gives false positives in Asio/Catch2 there)
 #   make test-boost  the whole suite on Boost.Asio (SLUICE_USE_BOOST_ASIO, g++)
 #   make bench   the benchmarks, each beside its baselines (Release)
+#   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev redis-server libhiredis-dev pkg-config
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 
-.PHONY: deps demo test test-gcc test-clang test-boost asan bench clean
+.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan bench clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -33,6 +34,11 @@ demo: deps
 	$(call configure,release,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
 	cmake --build build/release -j$(JOBS) --target amenity_discovery
 	./build/release/examples/amenity_discovery
+
+fleet-demo: deps
+	$(call configure,release,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
+	cmake --build build/release -j$(JOBS) --target fleet
+	./build/release/examples/fleet
 
 test: deps test-gcc test-clang
 
