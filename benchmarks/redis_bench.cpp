@@ -63,7 +63,10 @@ void BM_redis_semaphore_acquire_release(benchmark::State& state) {
   // (restart safety); a short-lease acquire first waits that out.
   {
     sluice::redis::semaphore warm{f.conn, "bench", 5, 100ms};
-    run_once(f, [&]() -> asio::awaitable<void> { co_await warm.acquire(); warm.release(); });
+    run_once(f, [&]() -> asio::awaitable<void> {
+      co_await warm.acquire();
+      warm.release();
+    });
   }
   for (auto _ : state) {
     run_once(f, [&]() -> asio::awaitable<void> {

@@ -36,10 +36,20 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const std::vector<std::string> queries = {
-    "hospital",           "bank",         "school",       "pharmacy",           "gym",
-    "laundry",            "restaurant",   "coffee",       "grocery/continente", "grocery/pingo-doce",
-    "grocery/lidl",       "grocery/aldi", "grocery/intermarche", "grocery/supermarket"};
+const std::vector<std::string> queries = {"hospital",
+                                          "bank",
+                                          "school",
+                                          "pharmacy",
+                                          "gym",
+                                          "laundry",
+                                          "restaurant",
+                                          "coffee",
+                                          "grocery/continente",
+                                          "grocery/pingo-doce",
+                                          "grocery/lidl",
+                                          "grocery/aldi",
+                                          "grocery/intermarche",
+                                          "grocery/supermarket"};
 
 std::uint64_t fnv1a(std::string_view s) {
   std::uint64_t h = 14695981039346656037ULL;
@@ -102,8 +112,8 @@ fleet_result run_fleet(int port, const char* scale, const std::string& mode) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
   for (int r = 0; r < 4; ++r) {
-    pids.push_back(sluice_test::spawn_child("client", {std::to_string(port), std::to_string(r),
-                                                       scale, mode}));
+    pids.push_back(
+        sluice_test::spawn_child("client", {std::to_string(port), std::to_string(r), scale, mode}));
   }
   fleet_result out;
   for (pid_t pid : pids) out.ok = sluice_test::wait_process(pid) == 0 && out.ok;
@@ -138,18 +148,21 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: could not start redis-server (Debian: apt-get install redis-server)\n");
     return sluice_test::skip_exit_code;
   }
-  std::printf("A fleet of 4 amenity-discovery clients (separate processes), 14 calls each,\n"
-              "latencies 1-5 s scaled by %s; a private redis-server on 127.0.0.1:%d.\n\n",
-              scale, server->port());
+  std::printf(
+      "A fleet of 4 amenity-discovery clients (separate processes), 14 calls each,\n"
+      "latencies 1-5 s scaled by %s; a private redis-server on 127.0.0.1:%d.\n\n",
+      scale, server->port());
 
   const fleet_result local = run_fleet(server->port(), scale, "local");
-  std::printf("each process with its own sluice::semaphore{5}:\n"
-              "  max in flight at the provider: %lld (the provider allows 5), %.2f s\n\n",
-              local.max_in_flight, local.seconds);
+  std::printf(
+      "each process with its own sluice::semaphore{5}:\n"
+      "  max in flight at the provider: %lld (the provider allows 5), %.2f s\n\n",
+      local.max_in_flight, local.seconds);
   const fleet_result shared = run_fleet(server->port(), scale, "redis");
-  std::printf("one sluice::redis::semaphore{5} + rate_limiter{200/s} shared by the fleet:\n"
-              "  max in flight at the provider: %lld, %.2f s\n",
-              shared.max_in_flight, shared.seconds);
+  std::printf(
+      "one sluice::redis::semaphore{5} + rate_limiter{200/s} shared by the fleet:\n"
+      "  max in flight at the provider: %lld, %.2f s\n",
+      shared.max_in_flight, shared.seconds);
   const bool ok = local.ok && shared.ok && shared.max_in_flight == 5 && local.max_in_flight > 5;
   if (!ok) std::printf("UNEXPECTED: the fleet-wide cap did not hold\n");
   return ok ? 0 : 1;

@@ -21,15 +21,8 @@ using sluice_test::sleep_ms;
 
 namespace {
 
-sluice_test::redis_server& shared_server() {
-  static sluice_test::redis_server s = sluice_test::server_or_skip();
-  return s;
-}
-
-asio::awaitable<long long> server_us(sluice::redis::connection& c) {
-  reply t = co_await c.execute("TIME");
-  co_return std::stoll(t.elements.at(0).str) * 1000000 + std::stoll(t.elements.at(1).str);
-}
+// One server for the whole binary (a restart test starts its own).
+using sluice_test::shared_redis_server;
 
 // Child: 2 coroutines x `n` acquisitions of a shared limiter of 20 per 2 s;
 // records each start's server time in the list "starts".
@@ -46,7 +39,7 @@ const sluice_test::register_child limited_worker{
             auto one = [&]() -> asio::awaitable<void> {
               for (int i = 0; i < n; ++i) {
                 co_await rl.acquire();
-                const long long t = co_await server_us(*conn);
+                const long long t = co_await sluice_test::server_time_us(*conn);
                 co_await conn->execute("RPUSH", "starts", std::to_string(t));
               }
               ++done;
@@ -64,7 +57,7 @@ const sluice_test::register_child limited_worker{
 
 TEST_CASE("3 processes sharing 20 calls per 2 s never start more than 20 in any 2 s window",
           "[redis_rate_limiter]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   std::vector<pid_t> pids;
   for (int p = 0; p < 3; ++p) {
     pids.push_back(sluice_test::spawn_child("limited_worker", {std::to_string(port), "8"}));
@@ -96,17 +89,17 @@ TEST_CASE("3 processes sharing 20 calls per 2 s never start more than 20 in any 
 
 TEST_CASE("the call over the limit waits until the oldest start leaves the window",
           "[redis_rate_limiter]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto conn = co_await connect_to(port);
     sluice::redis::rate_limiter rl{conn, "exact", 5, 500ms};
-    const long long t0 = co_await server_us(*conn);
+    const long long t0 = co_await sluice_test::server_time_us(*conn);
     for (int i = 0; i < 5; ++i) co_await rl.acquire();
     const bool full = co_await rl.try_acquire();
     CHECK_FALSE(full);
     co_await rl.acquire();  // the sixth
-    const long long t6 = co_await server_us(*conn);
+    const long long t6 = co_await sluice_test::server_time_us(*conn);
     CHECK(t6 - t0 >= 500000);
     CHECK(t6 - t0 <= 500000 + 150000);
     reply window = co_await conn->execute("ZCARD", rl.key());
@@ -119,7 +112,7 @@ TEST_CASE("the call over the limit waits until the oldest start leaves the windo
 }
 
 TEST_CASE("a cancelled rate_limiter waiter takes nothing", "[redis_rate_limiter]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto conn = co_await connect_to(port);

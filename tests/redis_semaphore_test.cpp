@@ -21,17 +21,8 @@ using sluice_test::sleep_ms;
 
 namespace {
 
-// One server for the whole binary (the restart test starts its own).
-sluice_test::redis_server& shared_server() {
-  static sluice_test::redis_server s = sluice_test::server_or_skip();
-  return s;
-}
-
-// Server time in ms.
-asio::awaitable<long long> server_ms(sluice::redis::connection& c) {
-  reply t = co_await c.execute("TIME");
-  co_return std::stoll(t.elements.at(0).str) * 1000 + std::stoll(t.elements.at(1).str) / 1000;
-}
+// One server for the whole binary (a restart test starts its own).
+using sluice_test::shared_redis_server;
 
 const char* count_in_flight_lua =
     "local v = redis.call('INCR', KEYS[1]) "
@@ -120,7 +111,7 @@ asio::awaitable<void> wait_for_queue(sluice::redis::connection& c, const std::st
 
 TEST_CASE("4 processes x 50 coroutines never have more than 5 calls in flight",
           "[redis_semaphore]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   std::vector<pid_t> pids;
   for (int p = 0; p < 4; ++p) {
     pids.push_back(sluice_test::spawn_child("fleet_worker", {std::to_string(port), "fleet", "50"}));
@@ -137,7 +128,7 @@ TEST_CASE("4 processes x 50 coroutines never have more than 5 calls in flight",
 }
 
 TEST_CASE("waiters in different processes are served in ticket order", "[redis_semaphore]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto conn = co_await connect_to(port);
@@ -177,7 +168,7 @@ TEST_CASE("waiters in different processes are served in ticket order", "[redis_s
 
 TEST_CASE("try_acquire does not barge past a queued waiter of another client",
           "[redis_semaphore]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto a = co_await connect_to(port);
@@ -221,7 +212,7 @@ TEST_CASE("try_acquire does not barge past a queued waiter of another client",
 
 TEST_CASE("a holder killed with SIGKILL loses its permit when its lease expires, not before",
           "[redis_semaphore]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   const pid_t child = sluice_test::spawn_child("holder", {std::to_string(port), "killed", "1000"});
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
@@ -241,7 +232,7 @@ TEST_CASE("a holder killed with SIGKILL loses its permit when its lease expires,
       CHECK_FALSE(got4);
     }
     co_await sem.acquire();
-    const long long granted = co_await server_ms(*conn);
+    const long long granted = co_await sluice_test::server_time_us(*conn) / 1000;
     CHECK(granted >= expiry);
     CHECK(granted <= expiry + 500);  // found by the fallback poll (lease / 10)
     sem.release();
@@ -251,7 +242,7 @@ TEST_CASE("a holder killed with SIGKILL loses its permit when its lease expires,
 }
 
 TEST_CASE("a live holder working past its lease keeps the permit (renewal)", "[redis_semaphore]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto a = co_await connect_to(port);
@@ -279,7 +270,7 @@ TEST_CASE("a live holder working past its lease keeps the permit (renewal)", "[r
 }
 
 TEST_CASE("a cancelled waiter leaves the line and holds nothing", "[redis_semaphore]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto conn = co_await connect_to(port);
@@ -339,7 +330,7 @@ TEST_CASE("a cancelled waiter leaves the line and holds nothing", "[redis_semaph
 }
 
 TEST_CASE("bad arguments are rejected at once", "[redis_semaphore]") {
-  const int port = shared_server().port();
+  const int port = shared_redis_server().port();
   asio::io_context ctx;
   auto conn = run_for(ctx, connect_to(port));
   CHECK_THROWS_AS(sluice::redis::semaphore(conn, "bad", 0, 1000ms), std::invalid_argument);

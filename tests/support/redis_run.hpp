@@ -59,6 +59,12 @@ inline asio::awaitable<void> sleep_ms(long ms) {
   co_await t.async_wait(asio::use_awaitable);
 }
 
+// The Redis server's clock (TIME), in microseconds.
+inline asio::awaitable<long long> server_time_us(sluice::redis::connection& c) {
+  sluice::redis::reply t = co_await c.execute("TIME");
+  co_return std::stoll(t.elements.at(0).str) * 1000000 + std::stoll(t.elements.at(1).str);
+}
+
 // The error code of a sluice::system_error thrown by `a`, or an empty code.
 template <class A>
 asio::awaitable<sluice::error_code> error_of(A a) {

@@ -222,6 +222,12 @@ inline redis_server server_or_skip(std::string unix_socket = {}) {
   return std::move(*s);
 }
 
+// One server shared by the test cases of a binary (started on first use).
+inline redis_server& shared_redis_server() {
+  static redis_server s = server_or_skip();
+  return s;
+}
+
 // Child roles a test binary can run as: `<self> --child <name> args...`.
 using child_main = std::function<int(const std::vector<std::string>&)>;
 inline std::map<std::string, child_main>& child_roles() {

@@ -11,9 +11,10 @@ int main() {
   if (ping != "*1\r\n$4\r\nPING\r\n") return 1;
   sluice::asio::io_context ctx;
   bool failed = false;
-  sluice::asio::co_spawn(
-      ctx, sluice::redis::connect(ctx.get_executor(), "127.0.0.1", 1),
-      [&](std::exception_ptr e, std::shared_ptr<sluice::redis::connection>) { failed = e != nullptr; });
+  sluice::asio::co_spawn(ctx, sluice::redis::connect(ctx.get_executor(), "127.0.0.1", 1),
+                         [&](std::exception_ptr e, std::shared_ptr<sluice::redis::connection>) {
+                           failed = e != nullptr;
+                         });
   ctx.run();
   return failed ? 0 : 1;
 }
