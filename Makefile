@@ -10,17 +10,18 @@
 #                ThreadSanitizer (g++)
 #   make bench   the benchmarks, each beside its baselines (Release)
 #   make docs    the API reference (Doxygen) under build/docs/html; fails on any warning
+#   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen redis-server libhiredis-dev pkg-config
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
 TSAN_TESTS = to_thread shared_semaphore task_group lock semaphore event condition queue gather map_unordered
 
-.PHONY: deps demo test test-gcc test-clang test-boost asan tsan bench docs clean
+.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench docs clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -38,6 +39,11 @@ demo: deps
 	$(call configure,release,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
 	cmake --build build/release -j$(JOBS) --target amenity_discovery
 	./build/release/examples/amenity_discovery
+
+fleet-demo: deps
+	$(call configure,release,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
+	cmake --build build/release -j$(JOBS) --target fleet
+	./build/release/examples/fleet
 
 test: deps test-gcc test-clang
 
