@@ -102,7 +102,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 0: {
         const std::size_t id = add(true);
         sluice_fuzz::spawn(loop.get_executor(), *probes[id],
-                           [](sluice::event& e) -> asio::awaitable<void> { co_await e.wait(); }(ev));
+                           [](sluice::event& e) -> asio::awaitable<void> {
+                             co_await e.wait();
+                           }(ev));
         m.loop.post([&m, id] { m.initiate(id, true); });
         break;
       }
