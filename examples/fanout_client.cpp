@@ -33,9 +33,7 @@ struct options {
   bool unbounded = false;
 };
 
-struct result {
-  std::size_t ok = 0, throttled = 0, failed = 0;
-  std::string first_failure;
+struct result : sluice_test::reply_tally {
   sluice_test::client_sockets sockets;
 };
 
@@ -50,22 +48,7 @@ asio::awaitable<void> fan_out(const options& o, unsigned short port, result& r) 
     replies = co_await sluice::gather_with_concurrency(o.limit, std::move(calls),
                                                        sluice::return_exceptions);
   }
-  for (auto& x : replies) {
-    if (!x) {
-      ++r.failed;
-      if (r.first_failure.empty()) {
-        try {
-          x.value();
-        } catch (const std::exception& e) {
-          r.first_failure = e.what();
-        }
-      }
-    } else if (x.value().rfind("OK ", 0) == 0) {
-      ++r.ok;
-    } else {
-      ++r.throttled;
-    }
-  }
+  r.add(replies);
 }
 
 }  // namespace

@@ -95,11 +95,9 @@ class fd_limit {
   rlimit saved_{};
 };
 
-struct tally {
-  std::size_t ok = 0, throttled = 0, failed = 0;  // failed: no connection (e.g. EMFILE)
+struct tally : sluice_test::reply_tally {
   std::size_t baseline = 0;  // descriptors open before the first request (loop included)
   std::size_t max_fds = 0;
-  std::string first_failure;
 };
 
 // `n` requests over 20 keys, bounded by `limit` (0: unbounded gather), while
@@ -142,22 +140,7 @@ tally fan_out(unsigned short port, std::size_t n, std::size_t limit) {
                                                        sluice::return_exceptions);
         }
         running = false;
-        for (auto& o : r) {
-          if (!o) {
-            ++t.failed;
-            if (t.first_failure.empty()) {
-              try {
-                o.value();
-              } catch (const std::exception& e) {
-                t.first_failure = e.what();
-              }
-            }
-          } else if (o.value().rfind("OK ", 0) == 0) {
-            ++t.ok;
-          } else {
-            ++t.throttled;
-          }
-        }
+        t.add(r);
       },
       asio::detached);
   ctx.run();

@@ -254,12 +254,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       }
       case 1: {
-        if (probes.empty()) break;
-        const std::size_t id = in.next() % probes.size();
-        if (m.t[id].state == st::pending || probes[id]->done()) break;
-        const auto type = sluice_fuzz::cancellation_of(in.next());
-        probes[id]->signal.emit(type);
-        m.cancel(id, type == asio::cancellation_type::terminal);
+        if (auto c = sluice_fuzz::cancel_step(
+                in, probes, [&](std::size_t i) { return m.t[i].state != st::pending; }))
+          m.cancel(c->first, c->second);
         break;
       }
       case 2: {

@@ -21,6 +21,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -134,6 +135,20 @@ auto callback(probe& p, OnValue on_value = {}) {
 
 inline asio::cancellation_type cancellation_of(std::uint8_t b) {
   return (b & 1) != 0 ? asio::cancellation_type::total : asio::cancellation_type::terminal;
+}
+
+// The step "cancel waiter k": reads k, and (for a waiter that has started and
+// not finished) the kind, and emits it. Returns the waiter and whether the
+// cancellation was terminal, or nothing when the step did nothing.
+template <class Probes, class Started>
+std::optional<std::pair<std::size_t, bool>> cancel_step(script& in, const Probes& probes,
+                                                        Started started) {
+  if (probes.empty()) return std::nullopt;
+  const std::size_t id = in.next() % probes.size();
+  if (!started(id) || probes[id]->done()) return std::nullopt;
+  const asio::cancellation_type type = cancellation_of(in.next());
+  probes[id]->signal.emit(type);
+  return std::pair<std::size_t, bool>(id, type == asio::cancellation_type::terminal);
 }
 
 }  // namespace sluice_fuzz

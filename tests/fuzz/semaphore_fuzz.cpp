@@ -203,15 +203,9 @@ void run(sluice_fuzz::script& in, std::size_t initial, bool bounded) {
         break;
       }
       case 2: {
-        if (probes.empty()) break;
-        const std::uint8_t b = in.next();
-        const std::size_t id = b % probes.size();
-        if (m.w[id].state == st::pending || probes[id]->done()) break;
-        const bool terminal =
-            sluice_fuzz::cancellation_of(in.next()) == asio::cancellation_type::terminal;
-        probes[id]->signal.emit(terminal ? asio::cancellation_type::terminal
-                                         : asio::cancellation_type::total);
-        m.cancel(id, terminal);
+        if (auto c = sluice_fuzz::cancel_step(
+                in, probes, [&](std::size_t i) { return m.w[i].state != st::pending; }))
+          m.cancel(c->first, c->second);
         break;
       }
       case 3:

@@ -16,6 +16,8 @@
 // The client side: request() opens one connection per call, so a fan-out that
 // is not bounded shows up as open file descriptors.
 
+#include <sluice/outcome.hpp>
+
 #include <support/asio.hpp>
 
 #if defined(SLUICE_USE_BOOST_ASIO)
@@ -33,6 +35,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <map>
 #include <ostream>
@@ -40,6 +43,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace sluice_test {
 
@@ -183,6 +187,31 @@ inline asio::awaitable<std::string> request(unsigned short port, std::string lin
   buf.resize(n - 1);
   co_return buf;
 }
+
+/// How a batch of requests ended, from gather's return_exceptions results.
+struct reply_tally {
+  std::size_t ok = 0, throttled = 0, failed = 0;  // failed: no reply (e.g. out of descriptors)
+  std::string first_failure;
+
+  void add(const std::vector<sluice::outcome<std::string>>& replies) {
+    for (const auto& r : replies) {
+      if (!r) {
+        ++failed;
+        if (first_failure.empty()) {
+          try {
+            std::rethrow_exception(r.error());
+          } catch (const std::exception& e) {
+            first_failure = e.what();
+          }
+        }
+      } else if (r.value().rfind("OK ", 0) == 0) {
+        ++ok;
+      } else {
+        ++throttled;
+      }
+    }
+  }
+};
 
 }  // namespace sluice_test
 
