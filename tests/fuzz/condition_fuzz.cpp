@@ -164,6 +164,11 @@ struct model {
   }
 };
 
+asio::awaitable<void> acquire_and_wait(sluice::condition& c) {
+  co_await c.acquire();
+  co_await c.wait();
+}
+
 void check(const sluice::condition& c, const model& m) {
   if (sluice_fuzz::trace())
     std::fprintf(stderr, "locked %d/%d cond %zu/%zu lock %zu/%zu\n", int(c.locked()),
@@ -245,11 +250,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         probes.push_back(std::make_unique<probe>());
         m.t.emplace_back();
         const std::size_t id = probes.size() - 1;
-        sluice_fuzz::spawn(loop.get_executor(), *probes[id],
-                           [](sluice::condition& cc) -> asio::awaitable<void> {
-                             co_await cc.acquire();
-                             co_await cc.wait();
-                           }(c));
+        sluice_fuzz::spawn(loop.get_executor(), *probes[id], acquire_and_wait(c));
         m.loop.post([&m, id] { m.start(id); });
         break;
       }

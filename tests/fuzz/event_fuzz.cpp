@@ -62,6 +62,10 @@ struct model {
   }
 };
 
+asio::awaitable<void> wait_on(sluice::event& e) {
+  co_await e.wait();
+}
+
 void check_done(const std::vector<std::unique_ptr<probe>>& probes, const model& m) {
   for (std::size_t i = 0; i < probes.size(); ++i) {
     const probe& p = *probes[i];
@@ -101,10 +105,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     switch (in.next() % 8) {
       case 0: {
         const std::size_t id = add(true);
-        sluice_fuzz::spawn(loop.get_executor(), *probes[id],
-                           [](sluice::event& e) -> asio::awaitable<void> {
-                             co_await e.wait();
-                           }(ev));
+        sluice_fuzz::spawn(loop.get_executor(), *probes[id], wait_on(ev));
         m.loop.post([&m, id] { m.initiate(id, true); });
         break;
       }

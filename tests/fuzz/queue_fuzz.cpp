@@ -205,6 +205,14 @@ struct real_waiter : probe {
   std::optional<int> got;
 };
 
+asio::awaitable<void> get_into(sluice::queue<int>& q, real_waiter* p) {
+  p->got = co_await q.get();
+}
+
+asio::awaitable<void> put_one(sluice::queue<int>& q, int v) {
+  co_await q.put(v);
+}
+
 bool shut_error(const real_waiter& p) {
   const sluice::error_code shut = sluice::queue_errc::shut_down;
   return p.coro ? sluice_fuzz::is_error(p.error, shut) : p.ec == shut;
@@ -302,10 +310,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 0: {
         const std::size_t id = add(kind::getter, true);
         real_waiter* p = probes[id].get();
-        sluice_fuzz::spawn(loop.get_executor(), *p,
-                           [](sluice::queue<int>& qq, real_waiter* pp) -> asio::awaitable<void> {
-                             pp->got = co_await qq.get();
-                           }(q, p));
+        sluice_fuzz::spawn(loop.get_executor(), *p, get_into(q, p));
         m.loop.post([&m, id] { m.start_coro_get(id); });
         break;
       }
@@ -319,10 +324,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::size_t id = add(kind::putter, true);
         const int v = next_value++;
         m.w[id].value = v;
-        sluice_fuzz::spawn(loop.get_executor(), *probes[id],
-                           [](sluice::queue<int>& qq, int vv) -> asio::awaitable<void> {
-                             co_await qq.put(vv);
-                           }(q, v));
+        sluice_fuzz::spawn(loop.get_executor(), *probes[id], put_one(q, v));
         m.loop.post([&m, id] { m.start_coro_put(id); });
         break;
       }
