@@ -7,17 +7,18 @@
 #                -Wmaybe-uninitialized gives false positives in Asio/Catch2 there)
 #   make test-boost  the whole suite on Boost.Asio (SLUICE_USE_BOOST_ASIO, g++)
 #   make bench   the benchmarks, each beside its baselines (Release)
+#   make docs    the API reference (Doxygen) under build/docs/html; fails on any warning
 #   make fuzz    each libFuzzer target in tests/fuzz for FUZZ_SECONDS (default 60; clang)
 #   make fuzz-ci replay the fuzz corpus, then fuzz each target for FUZZ_CI_SECONDS (10)
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 
-.PHONY: deps demo test test-gcc test-clang test-boost asan bench fuzz fuzz-ci fuzz-build clean
+.PHONY: deps demo test test-gcc test-clang test-boost asan bench docs fuzz fuzz-ci fuzz-build clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -96,6 +97,10 @@ fuzz-ci: fuzz-build
 	  echo "$$t: corpus replayed ($$(ls tests/fuzz/corpus/$$t | wc -l) inputs)"; \
 	done
 	$(call run_fuzzers,$(FUZZ_CI_SECONDS))
+
+docs: deps
+	@mkdir -p build
+	doxygen docs/Doxyfile
 
 clean:
 	rm -rf build

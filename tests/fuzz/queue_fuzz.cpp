@@ -42,6 +42,7 @@ struct model_waiter {
   kind k = kind::getter;
   bool coro = false;
   bool cancelled = false;
+  bool dropped = false;  // getter: its handed item was dropped by shutdown(immediate)
   st state = st::pending;
   int value = 0;  // getter: the item it got; putter: the item it puts
 };
@@ -50,11 +51,11 @@ struct model {
   std::size_t maxsize = 0;
   std::deque<int> items;
   std::deque<std::size_t> getters, putters, joiners;
+  std::deque<std::size_t> handed;  // getters handed an item, not yet resumed
   std::size_t unfinished = 0;
   bool shut = false;
-  bool immediate = false;
   std::vector<model_waiter> w;
-  std::multiset<int> dropped;  // by shutdown(immediate) or a give-back after it
+  std::multiset<int> dropped;  // by shutdown(immediate)
   sluice_fuzz::model_loop loop;
 
   bool full() const { return maxsize > 0 && items.size() >= maxsize; }
@@ -66,11 +67,24 @@ struct model {
     w[id].state = st::granted;
     loop.post([this, id, how] { resume(id, how); });
   }
+  // A getter handed an item resumes as a deferred completion: the item may
+  // still be dropped by an immediate shutdown until then.
+  void hand_over(std::size_t g, int v) {
+    w[g].value = v;
+    w[g].state = st::granted;
+    handed.push_back(g);
+    loop.post([this, g] {
+      if (auto it = std::find(handed.begin(), handed.end(), g); it != handed.end())
+        handed.erase(it);
+      resume(g, w[g].dropped ? st::done_shut : st::done_ok);
+    });
+  }
   void resume(std::size_t id, st how) {
     auto& m = w[id];
-    if (how == st::done_ok && m.k == kind::getter && m.coro && m.cancelled) {
-      // get(): granted, then cancelled before it resumed: the item goes back.
-      give_back(m.value);
+    if (m.k == kind::getter && m.coro && m.cancelled && how != st::done_aborted) {
+      // get(): woken, then cancelled before it resumed: cancellation wins; an
+      // item it received goes back.
+      if (how == st::done_ok) give_back(m.value);
       m.state = st::done_aborted;
       return;
     }
@@ -81,9 +95,8 @@ struct model {
     if (!getters.empty()) {
       const std::size_t g = getters.front();
       getters.pop_front();
-      w[g].value = v;
       ++unfinished;
-      complete(g, st::done_ok);
+      hand_over(g, v);
       return true;
     }
     if (full()) return false;
@@ -104,16 +117,10 @@ struct model {
     return v;
   }
   void give_back(int v) {
-    if (immediate) {
-      dropped.insert(v);
-      if (unfinished > 0 && --unfinished == 0) wake_joiners();
-      return;
-    }
     if (!getters.empty()) {
       const std::size_t g = getters.front();
       getters.pop_front();
-      w[g].value = v;
-      complete(g, st::done_ok);
+      hand_over(g, v);
       return;
     }
     items.push_front(v);
@@ -141,8 +148,7 @@ struct model {
   }
   void start_callback_get(std::size_t id) {
     if (!items.empty()) {
-      w[id].value = take_front();
-      complete(id, st::done_ok);
+      hand_over(id, take_front());
     } else if (shut) {
       complete(id, st::done_shut);
     } else {
@@ -178,12 +184,17 @@ struct model {
   void shutdown(bool now) {
     shut = true;
     if (now) {
-      immediate = true;
       while (!items.empty()) {
         dropped.insert(items.front());
         items.pop_front();
         if (unfinished > 0) --unfinished;
       }
+      for (std::size_t g : handed) {
+        w[g].dropped = true;
+        dropped.insert(w[g].value);
+        if (unfinished > 0) --unfinished;
+      }
+      handed.clear();
       if (unfinished == 0) wake_joiners();
     }
     for (std::size_t id : getters) complete(id, st::done_shut);
