@@ -275,7 +275,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto add = [&](kind k, bool coro) {
     probes.push_back(std::make_unique<real_waiter>());
     probes.back()->coro = coro;
-    m.w.push_back(model_waiter{k, coro, false, st::pending, 0});
+    m.w.push_back(model_waiter{k, coro, false, false, st::pending, 0});
     return probes.size() - 1;
   };
   auto poll = [&] {
