@@ -8,6 +8,7 @@
 // in time, nothing lost or duplicated, nothing running after the call
 // returned, in flight never above the limit. A failure prints its seed.
 
+#include <sluice/for_each.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/map_unordered.hpp>
 #include <sluice/testing/slow_service.hpp>
@@ -51,7 +52,7 @@ struct rng {
   std::size_t below(std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(next() % n); }
 };
 
-enum class kind { gather, bounded, stream, chain };
+enum class kind { gather, bounded, stream, chain, for_each, for_each_chain };
 
 // One random scenario. Latencies are multiples of 10 ms and cancellation
 // instants end in 5 ms, so a cancellation never ties with a completion.
@@ -88,7 +89,8 @@ scenario make(std::uint64_t seed, kind k) {
     s.lat2.push_back(10 * static_cast<int>(r.below(10)));
     s.consumer_ms.push_back(r.below(3) == 0 ? 10 * static_cast<int>(r.below(5)) : 0);
     if (r.below(100) < fail_pct) s.fail.insert(static_cast<int>(i));
-    if (k == kind::chain && r.below(100) < fail_pct / 2) s.fail2.insert(static_cast<int>(i));
+    const bool two_stages = k == kind::chain || k == kind::for_each_chain;
+    if (two_stages && r.below(100) < fail_pct / 2) s.fail2.insert(static_cast<int>(i));
   }
   s.stop_after = r.below(3) == 0 ? r.below(s.n + 1) : s.n + 1;
   return s;
@@ -197,6 +199,29 @@ struct world {
                 s.limit2),
             true);
         break;
+      case kind::for_each:
+        // The scoped form: a plain bool body; false stops.
+        co_await sluice::for_each(
+            sluice::map_unordered([this](int i) { return work(1, i); }, inputs(), s.limit),
+            [this](int v) {
+              o.results.push_back(v);
+              return o.results.size() < s.stop_after;
+            });
+        break;
+      case kind::for_each_chain:
+        // Two stages, and a body that works (sleeps) on some results.
+        co_await sluice::for_each(
+            sluice::map_unordered(
+                [this](int v) { return work(2, (v - 1) / 7); },
+                sluice::map_unordered([this](int i) { return work(1, i); }, inputs(), s.limit),
+                s.limit2),
+            [this](int v) -> asio::awaitable<bool> {
+              o.results.push_back(v);
+              const int ms = s.consumer_ms[static_cast<std::size_t>((v - 1) / 7)];
+              if (ms > 0) co_await sluice::sleep(milliseconds(ms));
+              co_return o.results.size() < s.stop_after;
+            });
+        break;
     }
   }
 
@@ -242,7 +267,8 @@ void check_invariants(const scenario& s, const world& w, const observed& o) {
   CHECK(w.svc1.calls() + w.svc2.calls() == o.calls);  // nothing started after return
   CHECK(w.svc1.calls() <= s.n);
   if (s.k != kind::gather) CHECK(w.svc1.max_in_flight() <= s.limit);
-  if (s.k == kind::chain) CHECK(w.svc2.max_in_flight() <= s.limit2);
+  const bool two_stages = s.k == kind::chain || s.k == kind::for_each_chain;
+  if (two_stages) CHECK(w.svc2.max_in_flight() <= s.limit2);
   // Nothing lost or duplicated: each result once, each a real input's value.
   std::set<int> seen;
   for (int v : o.results) {
@@ -259,7 +285,7 @@ void check_invariants(const scenario& s, const world& w, const observed& o) {
     const auto& failed = stage == 1 ? o.failed1 : o.failed2;
     REQUIRE(failed.count(i) == 1);
     for (const auto& [j, t] : failed) CHECK(failed.at(i) <= t);
-    if (s.k == kind::chain) {
+    if (two_stages) {
       CHECK(o.at >= failed.at(i));
       if (stage == 1)
         for (const auto& [j, t] : o.failed2) CHECK(t >= o.at);  // stage 2 had not failed first
@@ -271,8 +297,8 @@ void check_invariants(const scenario& s, const world& w, const observed& o) {
     CHECK((o.ending == "ok" || o.ending == "aborted"));
   }
   // Streams yield in completion order.
-  const auto& ends = s.k == kind::chain ? o.end2 : o.end1;
-  if (s.k == kind::stream || s.k == kind::chain) {
+  const auto& ends = two_stages ? o.end2 : o.end1;
+  if (s.k != kind::gather && s.k != kind::bounded) {
     for (std::size_t j = 1; j < o.results.size(); ++j)
       CHECK(ends.at((o.results[j - 1] - 1) / 7) <= ends.at((o.results[j] - 1) / 7));
   }
@@ -289,12 +315,13 @@ void check_schedule(const scenario& s, const observed& o) {
     makespan = std::max(makespan, end);
     if (s.fail.count(static_cast<int>(i)) && (t_fail < 0 || end < t_fail)) t_fail = end;
   }
-  const bool stops_early = s.k == kind::stream && s.stop_after < s.n;
+  const bool streams = s.k == kind::stream || s.k == kind::for_each;
+  const bool stops_early = streams && s.stop_after < s.n;
   if (t_fail < 0 && !stops_early) {
     CHECK(o.ending == "ok");
     CHECK(o.at == milliseconds(makespan));
     CHECK(o.calls == s.n);
-    if (s.k == kind::stream) {
+    if (streams) {
       CHECK(o.results.size() == s.n);
     } else {
       std::vector<int> expect;
@@ -324,7 +351,7 @@ void storm(kind k, std::uint64_t first_seed, std::uint64_t count) {
     world first(s);
     const observed a = first.run();
     check_invariants(s, first, a);
-    if (k != kind::chain) check_schedule(s, a);
+    if (k != kind::chain && k != kind::for_each_chain) check_schedule(s, a);
     (a.ending == "ok" ? ok : failed) += 1;
 
     // The same scenario with the caller cancelled at a random instant.
@@ -353,20 +380,30 @@ void storm(kind k, std::uint64_t first_seed, std::uint64_t count) {
 
 }  // namespace
 
-TEST_CASE("500 random gather storms keep order, fail first-in-time and leave nothing running",
+TEST_CASE("400 random gather storms keep order, fail first-in-time and leave nothing running",
           "[storm]") {
-  storm(kind::gather, 1, 500);
+  storm(kind::gather, 1, 400);
 }
 
-TEST_CASE("500 random gather_with_concurrency storms follow the greedy schedule under the limit",
+TEST_CASE("400 random gather_with_concurrency storms follow the greedy schedule under the limit",
           "[storm]") {
-  storm(kind::bounded, 1, 500);
+  storm(kind::bounded, 1, 400);
 }
 
-TEST_CASE("500 random map_unordered storms yield in completion order and stop cleanly", "[storm]") {
-  storm(kind::stream, 1, 500);
+TEST_CASE("300 random map_unordered storms yield in completion order and stop cleanly", "[storm]") {
+  storm(kind::stream, 1, 300);
 }
 
-TEST_CASE("500 random two-stage map_unordered chains with slow consumers lose nothing", "[storm]") {
-  storm(kind::chain, 1, 500);
+TEST_CASE("300 random two-stage map_unordered chains with slow consumers lose nothing", "[storm]") {
+  storm(kind::chain, 1, 300);
+}
+
+TEST_CASE("300 random for_each storms follow the schedule, stop early and leave nothing running",
+          "[storm]") {
+  storm(kind::for_each, 1, 300);
+}
+
+TEST_CASE("300 random for_each over two-stage chains with awaiting bodies lose nothing",
+          "[storm]") {
+  storm(kind::for_each_chain, 1, 300);
 }
