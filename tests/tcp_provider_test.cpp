@@ -31,6 +31,21 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// Sanitizers need a free descriptor to check memory (a pipe), so a process
+// out of descriptors gets false reports: there the unbounded run shows the
+// throttles (600 requests at once) instead of running out of descriptors.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool sanitized = true;
+#else
+constexpr bool sanitized = false;
+#endif
+#else
+constexpr bool sanitized = false;
+#endif
+
 // The server in a child process on a free loopback port; killed on destruction.
 class server_process {
  public:
@@ -198,7 +213,9 @@ TEST_CASE("the same run unbounded runs out of descriptors or is throttled; the b
   std::size_t unbounded_throttles = 0, bounded_max = 0, bounded_throttles = 0;
   {
     server_process server(provider());
-    {
+    if (sanitized) {
+      unbounded = fan_out(server.port(), 600, 0);
+    } else {
       fd_limit low(baseline + 150);
       unbounded = fan_out(server.port(), 2000, 0);
     }
@@ -220,10 +237,10 @@ TEST_CASE("the same run unbounded runs out of descriptors or is throttled; the b
       unbounded.first_failure.c_str(), bounded.ok, bounded.throttled, bounded_max);
   INFO("unbounded: ok " << unbounded.ok << " throttled " << unbounded.throttled << " failed "
                         << unbounded.failed << " (" << unbounded.first_failure << ")");
-  CHECK(unbounded.ok < 2000);
+  CHECK(unbounded.ok < (sanitized ? 600u : 2000u));
   CHECK(unbounded.failed + unbounded.throttled > 0);
   CHECK(unbounded.throttled == unbounded_throttles);
-  CHECK(unbounded.max_fds <= baseline + 150);
+  if (!sanitized) CHECK(unbounded.max_fds <= baseline + 150);
   CHECK(bounded.ok == 2000);
   CHECK(bounded.failed == 0);
   CHECK(bounded.throttled == 0);
