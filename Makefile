@@ -6,6 +6,8 @@
 #                clang 14 cannot emit debug info for coroutines under the sanitizers;
 #                -Wmaybe-uninitialized gives false positives in Asio/Catch2 there)
 #   make test-boost  the whole suite on Boost.Asio (SLUICE_USE_BOOST_ASIO, g++)
+#   make tsan    the thread-crossing tests and the primitives/fan-out suites under
+#                ThreadSanitizer (g++)
 #   make bench   the benchmarks, each beside its baselines (Release)
 #   make docs    the API reference (Doxygen) under build/docs/html; fails on any warning
 #   make fuzz    each libFuzzer target in tests/fuzz for FUZZ_SECONDS (default 60; clang)
@@ -17,8 +19,10 @@ PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 nin
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
+TSAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
+TSAN_TESTS = to_thread shared_semaphore task_group lock semaphore event condition queue gather map_unordered
 
-.PHONY: deps demo test test-gcc test-clang test-boost asan bench docs fuzz fuzz-ci fuzz-build clean
+.PHONY: deps demo test test-gcc test-clang test-boost asan tsan bench docs fuzz fuzz-ci fuzz-build clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -58,6 +62,11 @@ asan: deps
 	$(call configure,asan,g++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_SKIP_PACKAGING_TESTS=ON "-DCMAKE_CXX_FLAGS=$(ASAN_FLAGS)")
 	cmake --build build/asan -j$(JOBS)
 	cd build/asan && ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 UBSAN_OPTIONS=print_stacktrace=1 $(CTEST)
+
+tsan: deps
+	$(call configure,tsan,g++,-DCMAKE_BUILD_TYPE=Debug -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_SKIP_PACKAGING_TESTS=ON "-DCMAKE_CXX_FLAGS=$(TSAN_FLAGS)")
+	cmake --build build/tsan -j$(JOBS) --target $(addsuffix _test,$(TSAN_TESTS))
+	cd build/tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/support/tsan.supp" $(CTEST) -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))_test$$'
 
 bench: deps
 	$(call configure,bench,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF)

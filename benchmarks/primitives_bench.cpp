@@ -19,6 +19,7 @@
 #include <sluice/semaphore.hpp>
 
 #include <support/asio.hpp>
+#include <support/bench_coroutine.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -28,28 +29,10 @@
 
 namespace {
 
-void rethrow(std::exception_ptr e) {
-  if (e) std::rethrow_exception(e);
-}
+using sluice_bench::nested_co_await;
+using sluice_bench::rethrow;
+using sluice_bench::run_coroutine;
 
-// Runs `body(state)` as one coroutine on a fresh io_context; the coroutine
-// drives the benchmark loop itself.
-void run_coroutine(benchmark::State& state,
-                   std::function<asio::awaitable<void>(benchmark::State&)> body) {
-  asio::io_context ctx(1);
-  asio::co_spawn(ctx, body(state), rethrow);
-  ctx.run();
-}
-
-asio::awaitable<void> trivial() {
-  co_return;
-}
-
-void nested_co_await(benchmark::State& state) {
-  run_coroutine(state, [](benchmark::State& s) -> asio::awaitable<void> {
-    for (auto _ : s) co_await trivial();
-  });
-}
 BENCHMARK(nested_co_await);
 
 void semaphore_uncontended(benchmark::State& state) {

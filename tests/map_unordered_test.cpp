@@ -1212,3 +1212,30 @@ TEST_CASE("a stream destroyed with tasks running says so on stderr, once", "[str
   CHECK(running.empty());
 #endif
 }
+
+TEST_CASE("an lvalue input range is copied from, never emptied", "[map_unordered]") {
+  virtual_loop loop;
+  std::vector<std::string> keys{"alpha", "beta", "gamma"};
+  std::vector<std::string> seen;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered(
+        [](std::string k) -> asio::awaitable<std::string> { co_return k + "!"; }, keys, 2);
+    while (auto r = co_await s.next()) seen.push_back(*r);
+  }());
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == std::vector<std::string>{"alpha!", "beta!", "gamma!"});
+  CHECK(keys == std::vector<std::string>{"alpha", "beta", "gamma"});
+}
+
+TEST_CASE("an rvalue input range is moved from (its elements are the stream's)",
+          "[map_unordered]") {
+  virtual_loop loop;
+  std::vector<std::string> seen;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s =
+        sluice::map_unordered([](std::string k) -> asio::awaitable<std::string> { co_return k; },
+                              std::vector<std::string>{"a", "b"}, 1);
+    while (auto r = co_await s.next()) seen.push_back(*r);
+  }());
+  CHECK(seen == std::vector<std::string>{"a", "b"});
+}

@@ -29,7 +29,7 @@ namespace sluice {
 namespace detail {
 
 // What a fan-out input yields: an async source's U, or a range's element
-// (moved out of the range, as range_cursor::take does).
+// (moved out of an owned range, copied from a borrowed one: range_cursor::take).
 template <class In>
 struct fan_out_input_traits {
   static constexpr bool valid = false;

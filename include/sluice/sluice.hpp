@@ -24,7 +24,18 @@
 #include <sluice/queue.hpp>
 #include <sluice/semaphore.hpp>
 
-// Time
+// Structured concurrency and threads (shared_semaphore is the one thread-safe primitive)
+#include <sluice/shared_semaphore.hpp>
+#include <sluice/task_group.hpp>
+#include <sluice/to_thread.hpp>
+
+// Limits that protect a provider: rates per time window (per key)
+#include <sluice/keyed_rate_limiter.hpp>
+#include <sluice/rate_limiter.hpp>
+#include <sluice/token_bucket.hpp>
+
+// Time, timeouts and deadlines
 #include <sluice/time.hpp>
+#include <sluice/timeout.hpp>
 
 #endif  // SLUICE_SLUICE_HPP

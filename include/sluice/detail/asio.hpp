@@ -20,6 +20,7 @@
 #include <boost/asio/execution/context_as.hpp>
 #include <boost/asio/execution/executor.hpp>
 #include <boost/asio/execution_context.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/is_executor.hpp>
 #include <boost/asio/post.hpp>
@@ -43,6 +44,7 @@
 #include <asio/execution/context_as.hpp>
 #include <asio/execution/executor.hpp>
 #include <asio/execution_context.hpp>
+#include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/is_executor.hpp>
 #include <asio/post.hpp>

@@ -52,12 +52,21 @@ class range_cursor {
     begin_once();
     return *it_ == *end_;
   }
-  // Moves the current element out and advances. Precondition: !done().
+  // Takes the current element and advances. Precondition: !done(). An owned
+  // range's elements are moved out; a borrowed (lvalue) range belongs to the
+  // caller and is copied from, never emptied (a lazy view's prvalues are
+  // moved either way).
   auto take() {
     begin_once();
-    auto value = std::ranges::iter_move(*it_);
-    ++*it_;
-    return value;
+    if constexpr (std::is_lvalue_reference_v<R>) {
+      auto value = **it_;
+      ++*it_;
+      return value;
+    } else {
+      auto value = std::ranges::iter_move(*it_);
+      ++*it_;
+      return value;
+    }
   }
   range_type& range() noexcept { return holder_.get(); }
 

@@ -41,6 +41,18 @@ class waiter_list {
   [[nodiscard]] std::size_t max_size() const noexcept { return max_size_; }
   [[nodiscard]] waiter_node* front() const noexcept { return head_; }
 
+  // Optional hook, run after a waiter was unlinked by its cancellation (its
+  // abort is already posted). A primitive whose head waiter can hold back the
+  // others (a rate limiter: a large request at the head) re-examines its queue
+  // there. Null for the others.
+  void on_cancel(void (*fn)(void*), void* context) noexcept {
+    on_cancel_ = fn;
+    on_cancel_context_ = context;
+  }
+  void notify_cancelled() {
+    if (on_cancel_ != nullptr) on_cancel_(on_cancel_context_);
+  }
+
   void push_back(waiter_node* n) noexcept {
     n->owner = this;
     n->next = nullptr;
@@ -82,6 +94,8 @@ class waiter_list {
   waiter_node* tail_ = nullptr;
   std::size_t size_ = 0;
   std::size_t max_size_ = 0;
+  void (*on_cancel_)(void*) = nullptr;
+  void* on_cancel_context_ = nullptr;
 };
 
 // A waiting operation whose completion starts with an error code; payloads
@@ -265,9 +279,11 @@ class handler_op final : public Node {
                    asio::cancellation_type::total)) == asio::cancellation_type::none)
         return;
       if (op->owner == nullptr) return;  // already granted or already cancelled
-      op->owner->erase(op);
+      waiter_list* list = op->owner;
+      list->erase(op);
       auto ex = asio::get_associated_executor(op->handler_, op->fallback());
       asio::post(ex, aborter(op));
+      list->notify_cancelled();
     }
   };
 

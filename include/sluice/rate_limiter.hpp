@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_RATE_LIMITER_HPP
+#define SLUICE_RATE_LIMITER_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/rate_core.hpp>
+#include <sluice/time.hpp>
+
+#include <sluice/detail/asio.hpp>
+
+#include <cstddef>
+#include <system_error>
+#include <utility>
+
+namespace sluice {
+
+/// A sliding-window rate limiter: never more than `calls` acquisitions start
+/// in ANY window of length `per`, however the window is aligned. It is what
+/// providers publish ("60 requests per minute") and what a provider that
+/// counts a rolling window enforces.
+///
+/// It keeps the grant times of the last `calls` acquisitions; when the window
+/// is full, the next acquisition is granted exactly when the oldest start in
+/// the window expires (`start + per`), so it is never slower than the quota
+/// allows. A burst of `calls` at once is allowed; to spread calls evenly use
+/// `sluice::token_bucket` instead.
+///
+/// - FIFO: waiters are served in arrival order. A large `acquire(n)` at the
+///   head is granted as soon as n starts fit, and nothing behind it is granted
+///   before it (no barging, no starvation); `try_acquire()` fails while anyone
+///   waits.
+/// - Time: read from the limiter's executor's context, else from the first
+///   waiting coroutine's: virtual (exact) under `sluice::testing::virtual_loop`,
+///   the steady clock otherwise. `try_acquire()` awaits nothing: on a limiter
+///   built without an executor, a `try_acquire()` before any wait reads the
+///   steady clock, and later use on a virtual loop throws `std::logic_error`;
+///   give the executor for virtual time.
+/// - Waiting uses one timer per limiter, armed for the instant the head waiter
+///   can go; the timer is disarmed whenever nobody waits.
+/// - What resumes where: as `sluice::semaphore` (never inline; posted to the
+///   handler's associated executor, else the limiter's).
+/// - Per-Operation Cancellation: terminal, partial and total. A cancelled
+///   waiter takes nothing, and the waiters behind it are re-examined at once
+///   (a small request blocked behind a cancelled large one goes now if it
+///   fits). `acquire()` also takes nothing when the coroutine was cancelled
+///   before the call, and gives its grant back when it is cancelled after the
+///   grant but before it resumed.
+/// - Throws `std::invalid_argument`: `calls == 0` or `per <= 0` at
+///   construction; `n == 0` or `n > calls` at the call (not a hang).
+/// - Destroying it with waiters completes them with `operation_aborted`.
+///   Loop-affine like the other primitives (same debug-build affinity checks).
+///
+/// Members: `async_acquire(n, token)`, `acquire(n = 1)`, `try_acquire(n = 1)`,
+/// `waiters()`, `max_waiters()` (documented in `detail::rate_limiter_api`).
+///
+/// @code
+/// sluice::rate_limiter rpm{60, std::chrono::minutes(1)};   // the provider's quota
+/// sluice::semaphore in_flight{4};                          // and its concurrency cap
+/// auto assess = [&](doc d) -> asio::awaitable<verdict> {
+///   auto permit = co_await in_flight.scoped_acquire();
+///   co_await rpm.acquire();                                // a start inside the quota
+///   co_return co_await llm.assess(d);
+/// };
+/// @endcode
+class rate_limiter : public detail::rate_limiter_api<detail::sliding_window> {
+ public:
+  /// At most `calls` starts in any window of `per`; no executor (handlers
+  /// without one are rejected; time comes from the first waiter).
+  rate_limiter(std::size_t calls, clock::duration per)
+      : rate_limiter_api(name, detail::sliding_window(calls, per, name), asio::any_io_executor{}) {}
+
+  /// As above, with an executor: its context's clock is used from the start
+  /// (also by `try_acquire()`), and it runs handlers that have no executor.
+  template <class Executor>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      rate_limiter(const Executor& ex, std::size_t calls, clock::duration per)
+      : rate_limiter_api(name, detail::sliding_window(calls, per, name),
+                         asio::any_io_executor(ex)) {}
+
+  /// The quota: starts per window.
+  [[nodiscard]] std::size_t calls() const noexcept { return core_.policy().calls(); }
+  /// The window length.
+  [[nodiscard]] clock::duration per() const noexcept { return core_.policy().per(); }
+
+ private:
+  static constexpr const char* name = "sluice::rate_limiter";
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_RATE_LIMITER_HPP
