@@ -42,11 +42,14 @@ class permit_core {
 
   void release(const char* over_release_message) {
     const auto in = affinity_.enter(name_);
+    // Checked before the hand-off too (as CPython's BoundedSemaphore does):
+    // with waiters value_ is 0, so this throws only for a bound of 0, where a
+    // release could otherwise hand a waiter a permit that never existed.
+    if (bounded_ && value_ >= bound_) throw std::logic_error(over_release_message);
     if (waiter_node* n = waiters_.pop_front()) {
       static_cast<wait_op*>(n)->complete(error_code{});
       return;
     }
-    if (bounded_ && value_ >= bound_) throw std::logic_error(over_release_message);
     ++value_;
   }
 
