@@ -10,17 +10,20 @@
 #                ThreadSanitizer (g++)
 #   make bench   the benchmarks, each beside its baselines (Release)
 #   make docs    the API reference (Doxygen) under build/docs/html; fails on any warning
+#   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
+#   make fuzz    each libFuzzer target in tests/fuzz for FUZZ_SECONDS (default 60; clang)
+#   make fuzz-ci replay the fuzz corpus, then fuzz each target for FUZZ_CI_SECONDS (10)
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen redis-server libhiredis-dev pkg-config
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
 TSAN_TESTS = to_thread shared_semaphore task_group lock semaphore event condition queue gather map_unordered
 
-.PHONY: deps demo test test-gcc test-clang test-boost asan tsan bench docs clean
+.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench docs fuzz fuzz-ci fuzz-build clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -38,6 +41,11 @@ demo: deps
 	$(call configure,release,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
 	cmake --build build/release -j$(JOBS) --target amenity_discovery
 	./build/release/examples/amenity_discovery
+
+fleet-demo: deps
+	$(call configure,release,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
+	cmake --build build/release -j$(JOBS) --target fleet
+	./build/release/examples/fleet
 
 test: deps test-gcc test-clang
 
@@ -71,6 +79,39 @@ bench: deps
 	cmake --build build/bench -j$(JOBS)
 	@for b in build/bench/benchmarks/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2 || exit 1; done
 	@for p in benchmarks/*_asyncio.py; do [ -f $$p ] && { echo "== $$p"; python3 $$p; }; done; true
+
+FUZZ_SECONDS    ?= 60
+FUZZ_CI_SECONDS ?= 10
+FUZZ_TARGETS = $(patsubst tests/fuzz/%_fuzz.cpp,%,$(wildcard tests/fuzz/*_fuzz.cpp))
+
+fuzz-build: deps
+	$(call configure,fuzz,clang++,-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_BUILD_FUZZERS=ON -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_BUILD_BENCHMARKS=OFF -DSLUICE_SKIP_PACKAGING_TESTS=ON)
+	cmake --build build/fuzz -j$(JOBS) --target $(addsuffix _fuzz,$(FUZZ_TARGETS))
+
+# New inputs go to build/fuzz/corpus/<target>; a crash lands in the repo's
+# tests/fuzz/corpus/<target>/ (keep it: ctest replays it as a regression).
+define run_fuzzers
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build/fuzz/corpus/$$t; \
+	  ./build/fuzz/tests/fuzz/$${t}_fuzz build/fuzz/corpus/$$t tests/fuzz/corpus/$$t \
+	    -max_total_time=$(1) -print_final_stats=1 -artifact_prefix=tests/fuzz/corpus/$$t/crash- \
+	    >build/fuzz/$$t.log 2>&1 || { tail -30 build/fuzz/$$t.log; exit 1; }; \
+	  printf '%-10s %10s execs in %ss, %6s execs/s\n' $$t \
+	    $$(sed -n 's/^stat::number_of_executed_units: *//p' build/fuzz/$$t.log) $(1) \
+	    $$(sed -n 's/^stat::average_exec_per_sec: *//p' build/fuzz/$$t.log); \
+	done
+endef
+
+fuzz: fuzz-build
+	$(call run_fuzzers,$(FUZZ_SECONDS))
+
+fuzz-ci: fuzz-build
+	@for t in $(FUZZ_TARGETS); do \
+	  ./build/fuzz/tests/fuzz/$${t}_fuzz -runs=0 tests/fuzz/corpus/$$t >build/fuzz/$$t.log 2>&1 \
+	    || { tail -30 build/fuzz/$$t.log; exit 1; }; \
+	  echo "$$t: corpus replayed ($$(ls tests/fuzz/corpus/$$t | wc -l) inputs)"; \
+	done
+	$(call run_fuzzers,$(FUZZ_CI_SECONDS))
 
 docs: deps
 	@mkdir -p build

@@ -324,6 +324,20 @@ TEST_CASE("releasing a bounded semaphore above its initial value throws logic_er
   CHECK_THROWS_AS(zero.release(), std::logic_error);
 }
 
+TEST_CASE("a bounded semaphore of 0 refuses a release even while someone waits", "[semaphore]") {
+  // Found by tests/fuzz/semaphore_fuzz: the release used to hand the waiter a
+  // permit that never existed.
+  sluice::testing::virtual_loop loop;
+  sluice::bounded_semaphore zero{loop.get_executor(), 0};
+  bool granted = false;
+  zero.async_acquire([&](sluice::error_code ec) { granted = !ec; });
+  CHECK_THROWS_AS(zero.release(), std::logic_error);
+  loop.poll();
+  CHECK_FALSE(granted);
+  CHECK(zero.waiters() == 1);
+  CHECK(zero.value() == 0);
+}
+
 TEST_CASE("a plain semaphore may be released above its initial value", "[semaphore]") {
   sluice::semaphore sem{1};
   sem.release();
@@ -546,9 +560,12 @@ TEST_CASE("callback waiters: cancelled before the grant aborts, after the grant 
   sluice::semaphore sem{h.loop.get_executor(), 0};
   asio::cancellation_signal s1, s2, s3;
   sluice::error_code e1 = asio::error::would_block, e2 = e1, e3 = e1;
-  sem.async_acquire(asio::bind_cancellation_slot(s1.slot(), [&](sluice::error_code ec) { e1 = ec; }));
-  sem.async_acquire(asio::bind_cancellation_slot(s2.slot(), [&](sluice::error_code ec) { e2 = ec; }));
-  sem.async_acquire(asio::bind_cancellation_slot(s3.slot(), [&](sluice::error_code ec) { e3 = ec; }));
+  sem.async_acquire(
+      asio::bind_cancellation_slot(s1.slot(), [&](sluice::error_code ec) { e1 = ec; }));
+  sem.async_acquire(
+      asio::bind_cancellation_slot(s2.slot(), [&](sluice::error_code ec) { e2 = ec; }));
+  sem.async_acquire(
+      asio::bind_cancellation_slot(s3.slot(), [&](sluice::error_code ec) { e3 = ec; }));
   CHECK(sem.waiters() == 3);
   s1.emit(asio::cancellation_type::terminal);
   s1.emit(asio::cancellation_type::terminal);

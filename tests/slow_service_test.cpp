@@ -143,6 +143,87 @@ TEST_CASE("a provider quota of M calls per window throttles the M+1th call in th
   CHECK(svc.completed() == 3);
 }
 
+TEST_CASE("a per-key quota on calls in flight throttles only the busy key", "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(1s), .key_quota = {.max_in_flight = 1}});
+  virtual_loop loop;
+  auto r = loop.run(sluice::gather(calls(svc, {"acme", "acme", "globex", "acme", "", ""}),
+                                   sluice::return_exceptions));
+  CHECK(svc.throttles() == 2);
+  CHECK(svc.throttles("acme") == 2);
+  CHECK(svc.throttles("globex") == 0);
+  CHECK(svc.calls("acme") == 3);
+  CHECK(svc.calls("globex") == 1);
+  CHECK(svc.completed() == 4);  // acme once, globex once, and both calls without a key
+  CHECK(r[0].has_value());
+  CHECK_THROWS_AS(r[1].value(), throttled_error);
+  CHECK(r[2].has_value());
+  CHECK_THROWS_AS(r[3].value(), throttled_error);
+  CHECK(r[4].has_value());
+  CHECK(r[5].has_value());
+  // A throttled call never entered: no collision, nothing more in flight.
+  CHECK(svc.collisions("acme") == 0);
+  CHECK(svc.max_in_flight("acme") == 1);
+  CHECK(svc.timeline()[1].result == call_result::throttled);
+  CHECK(svc.timeline()[1].end == 0s);
+}
+
+TEST_CASE("a per-key quota of N in flight admits exactly N per key", "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(1s), .key_quota = {.max_in_flight = 2}});
+  virtual_loop loop;
+  auto r =
+      loop.run(sluice::gather(calls(svc, {"a", "a", "a", "b", "b"}), sluice::return_exceptions));
+  CHECK(svc.throttles("a") == 1);
+  CHECK(svc.throttles("b") == 0);
+  CHECK(svc.max_in_flight("a") == 2);
+  CHECK(svc.collisions("a") == 1);  // the second admitted call overlapped the first
+  CHECK_THROWS_AS(r[2].value(), throttled_error);
+}
+
+TEST_CASE("a per-key quota of M calls per window counts each key's own window", "[slow_service]") {
+  slow_service svc(
+      {.latency = latency::fixed(100ms), .key_quota = {.calls_per_window = 2, .window = 1s}});
+  virtual_loop loop;
+  std::vector<std::string> seen;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto attempt = [&](std::string key) -> asio::awaitable<void> {
+      try {
+        co_await svc.call(key);
+        seen.push_back(key + " ok");
+      } catch (const throttled_error&) {
+        seen.push_back(key + " throttled");
+      }
+    };
+    co_await attempt("a");          // t = 0
+    co_await attempt("a");          // t = 0.1
+    co_await attempt("b");          // t = 0.2: b has its own window
+    co_await attempt("a");          // t = 0.3: third start of a within 1 s
+    co_await sluice::sleep(600ms);  // t = 0.9
+    co_await attempt("a");          // still within 1 s of the first start
+    co_await sluice::sleep(100ms);  // t = 1.0: the first start left the window
+    co_await attempt("a");
+  });
+  CHECK(seen ==
+        std::vector<std::string>{"a ok", "a ok", "b ok", "a throttled", "a throttled", "a ok"});
+  CHECK(svc.throttles("a") == 2);
+  CHECK(svc.throttles() == 2);
+  CHECK(svc.calls("a") == 5);
+  CHECK(loop.now() == 1100ms);
+}
+
+TEST_CASE("the global quota and the per-key quota both apply", "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(1s),
+                    .quota = {.max_in_flight = 2},
+                    .key_quota = {.max_in_flight = 1}});
+  virtual_loop loop;
+  auto r = loop.run(sluice::gather(calls(svc, {"a", "a", "b", "c"}), sluice::return_exceptions));
+  CHECK_THROWS_AS(r[1].value(), throttled_error);  // per key
+  CHECK_THROWS_AS(r[3].value(), throttled_error);  // globally: a and b in flight
+  CHECK(svc.throttles() == 2);
+  CHECK(svc.throttles("a") == 1);
+  CHECK(svc.throttles("c") == 1);
+  CHECK(svc.completed() == 2);
+}
+
 TEST_CASE("collisions count calls for a key that start while another is in flight",
           "[slow_service]") {
   slow_service svc({.latency = latency::fixed(1s)});

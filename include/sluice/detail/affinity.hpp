@@ -119,6 +119,10 @@ class affinity {
 #endif
   }
 
+  // A check at this instant, for code that cannot hold a scope across its
+  // work (a coroutine that suspends): the rules of enter(), then leaves.
+  void check(const char* what) noexcept { const scope in = enter(what); }
+
   // The reason a call from this thread, now, breaks rules 2 or 3, or null.
   // Records this thread as the loop's when it runs the loop.
   const char* violation() noexcept {

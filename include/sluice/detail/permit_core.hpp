@@ -42,11 +42,14 @@ class permit_core {
 
   void release(const char* over_release_message) {
     const auto in = affinity_.enter(name_);
+    // Checked before the hand-off too (as CPython's BoundedSemaphore does):
+    // with waiters value_ is 0, so this throws only for a bound of 0, where a
+    // release could otherwise hand a waiter a permit that never existed.
+    if (bounded_ && value_ >= bound_) throw std::logic_error(over_release_message);
     if (waiter_node* n = waiters_.pop_front()) {
       static_cast<wait_op*>(n)->complete(error_code{});
       return;
     }
-    if (bounded_ && value_ >= bound_) throw std::logic_error(over_release_message);
     ++value_;
   }
 
@@ -73,13 +76,21 @@ class permit_core {
   // but whose coroutine was cancelled before it resumed hands the permit on and
   // throws operation_aborted, as if the cancellation had come first.
   asio::awaitable<void> acquire() {
+    return acquire([this] { release(""); });
+  }
+
+  // As acquire(), but a granted-then-cancelled permit is handed on by calling
+  // `hand_on()` (keyed_semaphore releases through its map, which may destroy
+  // this core: nothing here touches `this` after hand_on()).
+  template <class HandOn>
+  asio::awaitable<void> acquire(HandOn hand_on) {
     if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
     auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     co_await async_acquire(asio::use_awaitable);
     if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
-      release("");
+      hand_on();
       throw system_error(asio::error::operation_aborted);
     }
   }

@@ -326,16 +326,16 @@ class rate_core {
 
   bool try_acquire(std::size_t n) {
     check(n);
-    affinity_.check(name_);
+    const auto in = affinity_.enter(name_);
     clock_.bind_if_unbound();
     return try_take(n, clock_.now());
   }
 
   template <class Deliver, class Handler>
   void initiate(Handler&& handler, std::size_t n) {
-    affinity_.check(name_);
     auto hex = asio::get_associated_executor(handler, ex_);
     affinity_.bind(hex);
+    const auto in = affinity_.enter(name_);
     const asio::any_io_executor any(hex);
     clock_.bind(any, name_);
     if (!timer_ex_) timer_ex_ = ex_ ? ex_ : any;
@@ -368,7 +368,7 @@ class rate_core {
     const auto state = co_await asio::this_coro::cancellation_state;
     if (state.cancelled() != asio::cancellation_type::none)
       throw system_error(asio::error::operation_aborted, name_);
-    affinity_.check(name_);
+    affinity_.check(name_);  // a check only: no scope across co_await
     clock_.bind(co_await asio::this_coro::executor, name_);
     if (try_take(n, clock_.now())) co_return;
     if (!alive_) alive_ = std::make_shared<bool>(true);

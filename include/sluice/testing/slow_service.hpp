@@ -115,6 +115,8 @@ inline failure_model probability(double p, std::uint64_t seed = 1) {
 }  // namespace failures
 
 /// The provider's limit; a call over it is answered at once with `throttled_error`.
+/// As `slow_service::options::quota` it counts every call; as
+/// `slow_service::options::key_quota` it applies to each key separately.
 struct quota {
   std::size_t max_in_flight = 0;  ///< more than this many in flight is throttled (0: no limit)
   std::size_t calls_per_window =
@@ -166,10 +168,12 @@ struct call_record {
 /// clock of the awaiting coroutine's executor: virtual under
 /// `virtual_loop` (exact, instant), real otherwise (`time_scale` shrinks it for
 /// demos). It may then fail (`service_error`), or be refused at once by the
-/// quota (`throttled_error`). Cancellation ends the wait with
-/// `operation_aborted` and is recorded. Statistics: calls, in flight (now and
-/// maximum, overall and per key), collisions per key (a call for a key while
-/// another for it is in flight), failures, throttles, and a timeline.
+/// global `quota` or the per-key `key_quota` (`throttled_error`; a refused
+/// call is not in flight and takes no place in a window). Cancellation ends
+/// the wait with `operation_aborted` and is recorded. Statistics: calls, in
+/// flight (now and maximum, overall and per key), collisions per key (a call
+/// for a key while another for it is in flight), failures, throttles (overall
+/// and per key), and a timeline.
 ///
 /// Loop-affine: use it from the thread running its callers' loop.
 ///
@@ -183,8 +187,12 @@ class slow_service {
   /// How the service behaves; designated initializers: `{.latency = ..., .quota = {...}}`.
   struct options {
     latency_model latency = latency::fixed(std::chrono::seconds(1));  ///< per-call latency
-    failure_model failure = {};   ///< which calls throw `service_error` (empty: none)
-    struct quota quota = {};      ///< the provider's limit (`throttled_error` over it)
+    failure_model failure = {};  ///< which calls throw `service_error` (empty: none)
+    struct quota quota = {};     ///< the provider's limit (`throttled_error` over it)
+    /// The same limits for each key on its own (N in flight per key, M starts
+    /// per window per key), beside the global `quota`; calls without a key are
+    /// not subject to it. A call over either is throttled.
+    struct quota key_quota = {};
     double time_scale = 1.0;      ///< multiplies every latency (real-time demos)
     bool record_timeline = true;  ///< off for million-call benchmarks
   };
@@ -215,14 +223,20 @@ class slow_service {
     if (opt_.record_timeline)
       timeline_.push_back({index, key, op, t0 - origin_, t0 - origin_, call_result::running});
 
-    if (throttled(t0)) {
+    const bool over_global = throttled(opt_.quota, in_flight_, starts_, t0);
+    key_stats* ks = key.empty() ? nullptr : &keys_[key];
+    if (ks) ++ks->calls;
+    if (over_global || (ks && throttled(opt_.key_quota, ks->in_flight, ks->starts, t0))) {
       ++throttles_;
+      if (ks) ++ks->throttles;
       finish(index, t0, call_result::throttled);
       throw throttled_error("slow_service: call #" + std::to_string(index) + describe(key) +
-                                " throttled by the provider's quota",
+                                " throttled by the provider's " +
+                                (over_global ? "quota" : "per-key quota"),
                             index, key);
     }
     starts_.push_back(t0);
+    if (ks && opt_.key_quota.calls_per_window) ks->starts.push_back(t0);
     enter(key);
     const auto lat = opt_.latency(info);
     const auto scaled = std::chrono::duration_cast<clock::duration>(lat * opt_.time_scale);
@@ -268,6 +282,12 @@ class slow_service {
   [[nodiscard]] std::size_t max_in_flight(const std::string& key) const {
     return per_key(key).max_in_flight;
   }
+  /// Calls made for `key` (throttled ones included).
+  [[nodiscard]] std::size_t calls(const std::string& key) const { return per_key(key).calls; }
+  /// Calls for `key` refused by either quota.
+  [[nodiscard]] std::size_t throttles(const std::string& key) const {
+    return per_key(key).throttles;
+  }
   /// Calls for `key` that started while another call for it was in flight.
   [[nodiscard]] std::size_t collisions(const std::string& key) const {
     return per_key(key).collisions;
@@ -281,7 +301,8 @@ class slow_service {
 
  private:
   struct key_stats {
-    std::size_t in_flight = 0, max_in_flight = 0, collisions = 0;
+    std::size_t calls = 0, throttles = 0, in_flight = 0, max_in_flight = 0, collisions = 0;
+    std::deque<clock::time_point> starts;  // admitted starts in the key quota's window
   };
 
   static std::string describe(const std::string& key) {
@@ -294,15 +315,17 @@ class slow_service {
     return it == keys_.end() ? empty : it->second;
   }
 
-  bool throttled(clock::time_point t) {
-    if (opt_.quota.max_in_flight && in_flight_ >= opt_.quota.max_in_flight) return true;
-    if (opt_.quota.calls_per_window) {
-      const auto window =
-          std::chrono::duration_cast<clock::duration>(opt_.quota.window * opt_.time_scale);
-      while (!starts_.empty() && starts_.front() <= t - window) starts_.pop_front();
-      if (starts_.size() >= opt_.quota.calls_per_window) return true;
+  // True if a call at `t` breaks `q`, given what is in flight and the
+  // admitted starts (expired ones are dropped).
+  bool throttled(const quota& q, std::size_t in_flight, std::deque<clock::time_point>& starts,
+                 clock::time_point t) const {
+    if (q.max_in_flight && in_flight >= q.max_in_flight) return true;
+    if (q.calls_per_window) {
+      const auto window = std::chrono::duration_cast<clock::duration>(q.window * opt_.time_scale);
+      while (!starts.empty() && starts.front() <= t - window) starts.pop_front();
+      if (starts.size() >= q.calls_per_window) return true;
     } else {
-      starts_.clear();
+      starts.clear();
     }
     return false;
   }

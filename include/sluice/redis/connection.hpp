@@ -1,0 +1,244 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_REDIS_CONNECTION_HPP
+#define SLUICE_REDIS_CONNECTION_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/redis_io.hpp>
+#include <sluice/redis/reply.hpp>
+
+#include <sluice/detail/asio.hpp>
+#include <sluice/detail/asio_net.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace sluice::redis {
+
+/// One pipelined connection to a Redis server, shared by many coroutines.
+///
+/// Asio owns the socket (TCP or a Unix domain socket); hiredis only formats
+/// commands (`redisFormatCommandArgv`) and parses replies (`redisReader`).
+/// Every call appends its command to one ordered stream: commands are written
+/// in call order, batched into as few writes as possible, and the n-th reply
+/// completes the n-th call (Redis answers in order). Obtain one with
+/// `sluice::redis::connect()`; it is held by `std::shared_ptr` so that the
+/// cluster-wide primitives can share it.
+///
+/// What resumes where: a call completes through a post to its handler's
+/// associated executor (a coroutine's own), else to the connection's executor;
+/// never inline. Loop-affine: use a connection from the thread that runs its
+/// executor.
+///
+/// Per-Operation Cancellation (terminal, partial, total): a cancelled call
+/// completes at once with `asio::error::operation_aborted`, but its command
+/// was (or will be) sent anyway and may run on the server: its reply is still
+/// read and dropped, so the replies of later calls stay matched to their calls.
+///
+/// Failures:
+/// - A server error reply (`-ERR ...`) is a normal reply: `async_execute`
+///   delivers it with `reply::is_error()`; `execute()` throws `server_error`.
+///   The connection stays usable.
+/// - A lost connection (the server stopped, the network failed, a protocol
+///   error) fails every call queued, written or waiting for a reply with
+///   `errc::connection_lost` (`errc::protocol_error`); none of them is retried,
+///   since a command may or may not have run.
+/// - Later calls reconnect: the first call after a loss opens a new socket to
+///   the same endpoints (one attempt per call; no retry loop, no backoff). If
+///   that attempt fails, the calls queued behind it fail with the socket's
+///   error (e.g. `asio::error::connection_refused` while the server is down).
+///   `reconnect()` does the same explicitly. Server-side state that belonged to
+///   the old socket (SUBSCRIBE, SELECT, MULTI) is not restored.
+///
+/// Lifetime: the I/O (one read and at most one write outstanding) is owned by
+/// the connection's internal state, never by a detached task. `close()` fails
+/// the pending calls with `errc::closed`, closes the socket, and waits until
+/// no socket operation is outstanding. Destroying the last handle without
+/// `close()` closes the socket too; its aborted operations then complete on the
+/// next turn of the loop and touch only that internal state. The executor's
+/// execution context must outlive both.
+///
+/// @code
+/// auto conn = co_await sluice::redis::connect(ex, "127.0.0.1", 6379);
+/// co_await conn->execute("SET", "greeting", "hello");
+/// sluice::redis::reply r = co_await conn->execute("GET", "greeting");   // r.str == "hello"
+/// conn->async_execute({"INCR", "hits"}, [](sluice::error_code ec, sluice::redis::reply r) {});
+/// co_await conn->close();
+/// @endcode
+class connection {
+ public:
+  /// The executor that runs the connection's I/O.
+  using executor_type = asio::any_io_executor;
+
+  /// Wraps an internal state; use `connect()` / `connect_unix()` instead.
+  explicit connection(std::shared_ptr<sluice::detail::redis_io> io) noexcept : io_(std::move(io)) {}
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+  /// Closes the socket without waiting (see the class comment).
+  ~connection() { io_->shutdown(); }
+
+  /// Sends one command (`args[0]` is its name, e.g. `{"GET", "key"}`) and
+  /// completes with its reply. Completion signature
+  /// `void(sluice::error_code, sluice::redis::reply)`; a Redis error reply is
+  /// delivered with no error code and `reply::is_error()`. Throws
+  /// `std::invalid_argument` at once for an empty command.
+  template <asio::completion_token_for<void(error_code, reply)> CompletionToken>
+  auto async_execute(std::vector<std::string> args, CompletionToken&& token) {
+    return asio::async_initiate<CompletionToken, void(error_code, reply)>(
+        [io = io_.get()](auto&& handler, std::vector<std::string> a) {
+          io->submit(a, std::forward<decltype(handler)>(handler));
+        },
+        token, std::move(args));
+  }
+
+  /// Sends one command and returns its reply. Throws `sluice::system_error`
+  /// when the call got no reply (see `errc`, or `operation_aborted` when
+  /// cancelled) and `server_error` for an error reply.
+  [[nodiscard]] asio::awaitable<reply> execute(std::vector<std::string> args) {
+    error_code ec;
+    auto token = asio::redirect_error(asio::use_awaitable, ec);
+    // Named operation: g++ 12 may destroy a co_await operand's temporaries twice.
+    auto op = async_execute(std::move(args), token);
+    reply r = co_await std::move(op);
+    if (ec) throw system_error(ec, "sluice::redis::connection::execute");
+    if (r.is_error()) throw server_error(r.str);
+    co_return r;
+  }
+
+  /// As `execute(std::vector<std::string>)`, with the command's words as
+  /// arguments: `co_await conn->execute("SET", key, value)`. Each argument
+  /// must convert to `std::string_view`; it is copied before this returns.
+  /// (Prefer it in coroutines: g++ 12 cannot compile a braced list of string
+  /// literals inside a `co_await` expression.)
+  template <class... Args>
+  requires(std::is_convertible_v<const Args&, std::string_view>&&...)
+      [[nodiscard]] asio::awaitable<reply> execute(std::string_view name, const Args&... args) {
+    std::vector<std::string> words;
+    words.reserve(1 + sizeof...(Args));
+    words.emplace_back(name);
+    (words.emplace_back(std::string_view(args)), ...);
+    return execute(std::move(words));
+  }
+
+  /// Opens the socket again after a loss; returns at once if it is open.
+  /// Throws `sluice::system_error` with the connect error, or `errc::closed`
+  /// after `close()`. Not cancellable (the socket's connect is short on a
+  /// local network).
+  [[nodiscard]] asio::awaitable<void> reconnect() {
+    error_code ec;
+    auto token = asio::redirect_error(asio::use_awaitable, ec);
+    auto init = [io = io_.get()](auto&& handler) {
+      io->wait_open(std::forward<decltype(handler)>(handler));
+    };
+    auto op = asio::async_initiate<decltype(token), void(error_code)>(init, token);
+    co_await std::move(op);
+    if (ec) throw system_error(ec, "sluice::redis::connection::reconnect");
+  }
+
+  /// Fails the pending calls with `errc::closed`, closes the socket and waits
+  /// until its I/O has ended. Later calls fail with `errc::closed`. Runs to the
+  /// end even when the calling coroutine was cancelled.
+  [[nodiscard]] asio::awaitable<void> close() {
+    io_->shutdown();
+    const bool was = co_await asio::this_coro::throw_if_cancelled();
+    co_await asio::this_coro::throw_if_cancelled(false);
+    auto token = asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
+    auto init = [io = io_.get()](auto&& handler) {
+      io->wait_idle(std::forward<decltype(handler)>(handler));
+    };
+    auto op = asio::async_initiate<decltype(token), void()>(init, token);
+    co_await std::move(op);
+    co_await asio::this_coro::throw_if_cancelled(was);
+  }
+
+  /// A new, independent connection to the same server (same endpoints), e.g.
+  /// for SUBSCRIBE, which takes a connection for itself. Throws
+  /// `sluice::system_error` if it cannot connect.
+  [[nodiscard]] asio::awaitable<std::shared_ptr<connection>> connect_again() const {
+    auto io =
+        std::make_shared<sluice::detail::redis_io>(io_->executor(), io_->endpoints(), io_->tcp());
+    auto c = std::make_shared<connection>(io);
+    co_await c->reconnect();
+    co_return c;
+  }
+
+  /// Called with each pub/sub message (`["message", channel, payload]`)
+  /// received after a `SUBSCRIBE` on this connection, from inside the
+  /// connection's read handler: it must not block; it may post work. Cleared
+  /// by `close()`.
+  void on_message(std::function<void(const reply&)> f) { io_->on_message(std::move(f)); }
+  /// Called when the connection is lost (before the next call reconnects),
+  /// after the pending calls have been failed. Same rules as `on_message`.
+  void on_lost(std::function<void()> f) { io_->on_lost(std::move(f)); }
+
+  /// True while the socket is open (false after a loss until a call
+  /// reconnects, and after `close()`).
+  [[nodiscard]] bool is_open() const noexcept {
+    return io_->current() == sluice::detail::redis_io::state::open;
+  }
+  /// Calls sent or queued that have not had their reply yet (including
+  /// cancelled ones whose reply is still to be read and dropped).
+  [[nodiscard]] std::size_t pending() const noexcept { return io_->pending(); }
+  /// The executor that runs the connection's I/O.
+  [[nodiscard]] executor_type get_executor() const noexcept { return io_->executor(); }
+
+ private:
+  std::shared_ptr<sluice::detail::redis_io> io_;
+};
+
+}  // namespace sluice::redis
+
+namespace sluice::detail {
+inline asio::awaitable<std::shared_ptr<redis::connection>> redis_open(
+    asio::any_io_executor ex, std::vector<redis_io::endpoint_type> eps, bool tcp) {
+  auto c = std::make_shared<redis::connection>(std::make_shared<redis_io>(ex, std::move(eps), tcp));
+  co_await c->reconnect();
+  co_return c;
+}
+}  // namespace sluice::detail
+
+namespace sluice::redis {
+
+/// Connects to the Redis server at `host:port` over TCP (`TCP_NODELAY` on) and
+/// returns a shared handle; the connection's I/O runs on `ex`. A numeric
+/// `host` is used as is; a name is resolved once (reconnects reuse the
+/// addresses). Throws `sluice::system_error` if no address accepts the
+/// connection. No command is sent (no AUTH, no SELECT).
+///
+/// @code
+/// auto conn = co_await sluice::redis::connect(co_await asio::this_coro::executor, "127.0.0.1",
+/// 6379);
+/// @endcode
+[[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect(asio::any_io_executor ex,
+                                                                          std::string host,
+                                                                          std::uint16_t port) {
+  std::vector<sluice::detail::redis_io::endpoint_type> eps;
+  error_code ec;
+  const auto address = asio::ip::make_address(host, ec);
+  if (!ec) {
+    eps.emplace_back(asio::ip::tcp::endpoint(address, port));
+  } else {
+    asio::ip::tcp::resolver resolver(ex);
+    auto results = co_await resolver.async_resolve(host, std::to_string(port), asio::use_awaitable);
+    for (const auto& entry : results) eps.emplace_back(entry.endpoint());
+  }
+  co_return co_await sluice::detail::redis_open(std::move(ex), std::move(eps), true);
+}
+
+/// Connects to the Redis server listening on the Unix domain socket at `path`
+/// (`redis-server --unixsocket <path>`); otherwise as `connect()`.
+[[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect_unix(
+    asio::any_io_executor ex, std::string path) {
+  std::vector<sluice::detail::redis_io::endpoint_type> eps;
+  eps.emplace_back(asio::local::stream_protocol::endpoint(path));
+  co_return co_await sluice::detail::redis_open(std::move(ex), std::move(eps), false);
+}
+
+}  // namespace sluice::redis
+
+#endif  // SLUICE_REDIS_CONNECTION_HPP

@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_REDIS_RATE_LIMITER_HPP
+#define SLUICE_REDIS_RATE_LIMITER_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/completion.hpp>
+#include <sluice/detail/redis_script.hpp>
+#include <sluice/lock.hpp>
+#include <sluice/redis/connection.hpp>
+
+#include <sluice/detail/asio.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace sluice::detail {
+
+// KEYS: the window (zset member -> start time, server microseconds). ARGV:
+// calls, per (us), n, member prefix, mode ('wait' or 'try'). Returns 0 when
+// the n starts were recorded, else how many microseconds until the oldest
+// start that blocks them leaves the window (-1 in 'try' mode).
+inline constexpr const char* redis_rate_acquire_lua = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local calls, per, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - per)
+local count = redis.call('ZCARD', KEYS[1])
+if count + n <= calls then
+  for i = 1, n do redis.call('ZADD', KEYS[1], now, ARGV[4] .. ':' .. i) end
+  redis.call('PEXPIRE', KEYS[1], math.ceil(per / 1000) + 1000)
+  return 0
+end
+if ARGV[5] == 'try' then return -1 end
+local k = count + n - calls - 1
+local oldest = redis.call('ZRANGE', KEYS[1], k, k, 'WITHSCORES')
+local wait = tonumber(oldest[2]) + per - now
+if wait < 1 then wait = 1 end
+return wait
+)lua";
+
+struct redis_rate_state {
+  std::shared_ptr<redis::connection> conn;
+  std::string key;
+  std::size_t calls;
+  std::chrono::microseconds per;
+  redis_script acquire{redis_rate_acquire_lua, {}};
+  sluice::lock order;  // local waiters, FIFO: one at a time asks the server
+  std::size_t waiting = 0;
+};
+
+}  // namespace sluice::detail
+
+namespace sluice::redis {
+
+/// The sliding-window limiter of `sluice::rate_limiter`, shared by every
+/// process that uses the same Redis server and `name`: at most `calls`
+/// acquisitions start within any window of length `per`, across the fleet.
+///
+/// The window is a sorted set of start times (`sluice:rate:{<name>}`), trimmed,
+/// counted and appended to in one Lua script run atomically by Redis, with the
+/// server's clock (`TIME`, microseconds): the clients' clocks do not matter.
+/// When the window is full the script returns how long until the oldest
+/// start that blocks the request leaves it; the caller sleeps exactly that
+/// long (an Asio timer, no polling) and asks again. Within a process waiters
+/// are served FIFO (one at a time asks the server); across processes the
+/// order is whoever asks first after a slot frees (no ticket order).
+///
+/// What resumes where: on the awaiting coroutine's executor (the timer's
+/// completion). Per-Operation Cancellation: a waiter cancelled while it
+/// sleeps or waits for its turn takes nothing and throws `operation_aborted`;
+/// a script already sent is not interrupted: if it recorded the start, the
+/// acquisition succeeds (the start counts in the window either way).
+///
+/// Failures: a lost connection is a `sluice::system_error` at the waiting call
+/// (the next call reconnects); a start recorded by a script whose reply was
+/// lost counts against the window until it leaves it (under-admission, never
+/// over-admission). Redis restarted without persistence forgets the window:
+/// up to `calls` more starts may follow at once (say so to your provider's
+/// limits, or enable persistence).
+///
+/// Lifetime: the limiter must outlive its acquire calls. Nothing runs in the
+/// background. Loop-affine.
+///
+/// @code
+/// auto conn = co_await sluice::redis::connect(ex, "127.0.0.1", 6379);
+/// sluice::redis::rate_limiter rpm{conn, "places-api:rpm", 60, std::chrono::minutes(1)};
+/// co_await rpm.acquire();          // at most 60 starts per minute across the fleet
+/// co_await call_places_api();
+/// @endcode
+class rate_limiter {
+ public:
+  /// A limiter of `calls` starts per `per` named `name` on `conn`'s server.
+  /// Throws `std::invalid_argument` if `calls == 0`, `per` is not positive
+  /// (microsecond resolution), or `conn` is null.
+  template <class Rep, class Period>
+  rate_limiter(std::shared_ptr<connection> conn, std::string name, std::size_t calls,
+               std::chrono::duration<Rep, Period> per) {
+    if (!conn) throw std::invalid_argument("sluice::redis::rate_limiter: null connection");
+    if (calls == 0) throw std::invalid_argument("sluice::redis::rate_limiter: calls == 0");
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(per);
+    if (us.count() <= 0) throw std::invalid_argument("sluice::redis::rate_limiter: per <= 0");
+    st_ = std::make_shared<detail::redis_rate_state>();
+    st_->conn = std::move(conn);
+    st_->key = "sluice:rate:{" + name + "}";
+    st_->calls = calls;
+    st_->per = us;
+  }
+  rate_limiter(const rate_limiter&) = delete;
+  rate_limiter& operator=(const rate_limiter&) = delete;
+
+  /// Waits until `n` more starts fit in the window, and records them. Throws
+  /// `std::invalid_argument` at once if `n == 0` or `n > calls`,
+  /// `operation_aborted` when cancelled while waiting, `sluice::system_error`
+  /// when the connection fails, `server_error` if Redis rejects the script.
+  [[nodiscard]] asio::awaitable<void> acquire(std::size_t n = 1) {
+    check(n);
+    return detail::redis_without_throw_if_cancelled(acquire_impl(st_, n));
+  }
+
+  /// As `acquire(n)`, with any completion token; signature
+  /// `void(sluice::error_code)` (`errc::protocol_error` for a script error).
+  /// Completes through a post to the handler's executor (else the
+  /// connection's).
+  template <asio::completion_token_for<void(error_code)> CompletionToken>
+  auto async_acquire(std::size_t n, CompletionToken&& token) {
+    check(n);
+    return asio::async_initiate<CompletionToken, void(error_code)>(
+        [st = st_, n](auto handler) {
+          auto slot = asio::get_associated_cancellation_slot(handler);
+          auto ex = st->conn->get_executor();
+          auto done = [h = std::move(handler), ex](std::exception_ptr, error_code ec) mutable {
+            detail::post_completion(std::move(h), ex, ec);
+          };
+          asio::co_spawn(ex, acquire_ec(st, n),
+                         detail::redis_slot_handler<decltype(done)>{slot, std::move(done)});
+        },
+        token);
+  }
+
+  /// Records `n` starts if they fit now and no local call waits; one round
+  /// trip, never sleeps. Throws as `acquire()`.
+  [[nodiscard]] asio::awaitable<bool> try_acquire(std::size_t n = 1) {
+    check(n);
+    auto st = st_;
+    if (st->order.locked()) co_return false;
+    std::vector<std::string> keys{st->key};
+    reply r =
+        co_await detail::redis_eval(*st->conn, st->acquire, std::move(keys), args(*st, n, "try"));
+    co_return r.integer == 0;
+  }
+
+  /// acquire() calls of this process waiting now.
+  [[nodiscard]] std::size_t waiters() const noexcept { return st_->waiting; }
+  /// The Redis key of the window.
+  [[nodiscard]] const std::string& key() const noexcept { return st_->key; }
+
+ private:
+  using state = detail::redis_rate_state;
+
+  void check(std::size_t n) const {
+    if (n == 0 || n > st_->calls)
+      throw std::invalid_argument(
+          "sluice::redis::rate_limiter::acquire: n must be between 1 and calls (a larger n "
+          "would never fit in the window)");
+  }
+
+  static std::vector<std::string> args(const state& st, std::size_t n, const char* mode) {
+    return {std::to_string(st.calls), std::to_string(st.per.count()), std::to_string(n),
+            detail::redis_unique_id(), mode};
+  }
+
+  static asio::awaitable<error_code> acquire_ec(std::shared_ptr<state> st, std::size_t n) {
+    try {
+      co_await detail::redis_without_throw_if_cancelled(acquire_impl(st, n));
+    } catch (const system_error& e) {
+      co_return e.code();
+    } catch (const server_error&) {
+      co_return make_error_code(errc::protocol_error);
+    }
+    co_return error_code{};
+  }
+
+  static asio::awaitable<void> acquire_impl(std::shared_ptr<state> st, std::size_t n) {
+    auto cs = co_await asio::this_coro::cancellation_state;
+    if (cs.cancelled() != asio::cancellation_type::none)
+      throw system_error(asio::error::operation_aborted);
+    ++st->waiting;
+    struct count_guard {
+      state& s;
+      ~count_guard() { --s.waiting; }
+    } counted{*st};
+    auto turn = co_await st->order.scoped_acquire();  // throws when cancelled
+    asio::steady_timer timer(st->conn->get_executor());
+    std::vector<std::string> keys{st->key};
+    for (;;) {
+      reply r = co_await detail::redis_eval(*st->conn, st->acquire, keys, args(*st, n, "wait"));
+      if (r.integer == 0) co_return;
+      if (cs.cancelled() != asio::cancellation_type::none)
+        throw system_error(asio::error::operation_aborted);
+      timer.expires_after(std::chrono::microseconds(r.integer));
+      auto token = asio::use_awaitable;
+      co_await timer.async_wait(token);  // throws operation_aborted when cancelled
+    }
+  }
+
+  std::shared_ptr<state> st_;
+};
+
+}  // namespace sluice::redis
+
+#endif  // SLUICE_REDIS_RATE_LIMITER_HPP

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: BSL-1.0
+// sluice::redis::rate_limiter against a real redis-server, with several processes.
+#include <sluice/redis/rate_limiter.hpp>
+
+#include <support/asio.hpp>
+#include <support/redis_run.hpp>
+#include <support/redis_server.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+using namespace std::chrono_literals;
+using sluice::redis::reply;
+using sluice_test::connect_to;
+using sluice_test::run_for;
+using sluice_test::sleep_ms;
+
+namespace {
+
+// One server for the whole binary (a restart test starts its own).
+using sluice_test::shared_redis_server;
+
+// Child: 2 coroutines x `n` acquisitions of a shared limiter of 20 per 2 s;
+// records each start's server time in the list "starts".
+const sluice_test::register_child limited_worker{
+    "limited_worker", [](const std::vector<std::string>& a) {
+      asio::io_context ctx;
+      run_for(
+          ctx,
+          [&]() -> asio::awaitable<void> {
+            auto conn = co_await connect_to(std::stoi(a.at(0)));
+            sluice::redis::rate_limiter rl{conn, "shared", 20, 2s};
+            const int n = std::stoi(a.at(1));
+            int done = 0;
+            auto one = [&]() -> asio::awaitable<void> {
+              for (int i = 0; i < n; ++i) {
+                co_await rl.acquire();
+                const long long t = co_await sluice_test::server_time_us(*conn);
+                co_await conn->execute("RPUSH", "starts", std::to_string(t));
+              }
+              ++done;
+            };
+            auto ex = co_await asio::this_coro::executor;
+            for (int c = 0; c < 2; ++c) asio::co_spawn(ex, one(), asio::detached);
+            while (done < 2) co_await sleep_ms(10);
+            co_await conn->close();
+          }(),
+          40s);
+      return 0;
+    }};
+
+}  // namespace
+
+TEST_CASE("3 processes sharing 20 calls per 2 s never start more than 20 in any 2 s window",
+          "[redis_rate_limiter]") {
+  const int port = shared_redis_server().port();
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 3; ++p) {
+    pids.push_back(sluice_test::spawn_child("limited_worker", {std::to_string(port), "8"}));
+  }
+  for (pid_t pid : pids) CHECK(sluice_test::wait_process(pid) == 0);
+  asio::io_context ctx;
+  std::vector<long long> starts;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto conn = co_await connect_to(port);
+    reply r = co_await conn->execute("LRANGE", "starts", "0", "-1");
+    for (auto& e : r.elements) starts.push_back(std::stoll(e.str));
+    co_await conn->close();
+  }());
+  REQUIRE(starts.size() == 48);
+  std::sort(starts.begin(), starts.end());
+  // A start is recorded a round trip after its grant: a window shorter by
+  // 200 ms absorbs that delay (also on a loaded machine) and still catches an
+  // over-admitting limiter (a per-process one lets 60 through at once).
+  std::size_t worst = 0;
+  for (std::size_t i = 0; i < starts.size(); ++i) {
+    const auto end = std::lower_bound(starts.begin(), starts.end(), starts[i] + 1800000);
+    worst = std::max(worst, static_cast<std::size_t>(end - (starts.begin() + i)));
+  }
+  CHECK(worst <= 20);
+  CHECK(worst >= 19);  // and the window was used
+  // 48 starts at 20 per 2 s need two full windows, and not much more.
+  CHECK(starts.back() - starts.front() >= 4000000 - 100000);
+  CHECK(starts.back() - starts.front() <= 4000000 + 3000000);
+}
+
+TEST_CASE("the call over the limit waits until the oldest start leaves the window",
+          "[redis_rate_limiter]") {
+  const int port = shared_redis_server().port();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto conn = co_await connect_to(port);
+    sluice::redis::rate_limiter rl{conn, "exact", 5, 500ms};
+    const long long t0 = co_await sluice_test::server_time_us(*conn);
+    for (int i = 0; i < 5; ++i) co_await rl.acquire();
+    const bool full = co_await rl.try_acquire();
+    CHECK_FALSE(full);
+    co_await rl.acquire();  // the sixth
+    const long long t6 = co_await sluice_test::server_time_us(*conn);
+    CHECK(t6 - t0 >= 500000);
+    CHECK(t6 - t0 <= 500000 + 150000);
+    reply window = co_await conn->execute("ZCARD", rl.key());
+    CHECK(window.integer <= 5);  // the first start left (maybe more), the sixth came in
+    CHECK(window.integer >= 1);
+    CHECK_THROWS_AS(rl.acquire(6), std::invalid_argument);
+    CHECK_THROWS_AS(rl.acquire(0), std::invalid_argument);
+    co_await conn->close();
+  }());
+}
+
+TEST_CASE("a cancelled rate_limiter waiter takes nothing", "[redis_rate_limiter]") {
+  const int port = shared_redis_server().port();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto conn = co_await connect_to(port);
+    sluice::redis::rate_limiter rl{conn, "cancelled", 2, 1s};
+    co_await rl.acquire(2);
+    asio::cancellation_signal sig;
+    sluice::error_code got = asio::error::would_block;
+    rl.async_acquire(1,
+                     sluice_test::bind_slot(sig.slot(), [&](sluice::error_code ec) { got = ec; }));
+    co_await sleep_ms(50);
+    CHECK(rl.waiters() == 1);
+    sig.emit(asio::cancellation_type::terminal);
+    for (int i = 0; i < 100 && got == asio::error::would_block; ++i) co_await sleep_ms(5);
+    CHECK(got == asio::error::operation_aborted);
+    CHECK(rl.waiters() == 0);
+    reply window = co_await conn->execute("ZCARD", rl.key());
+    CHECK(window.integer == 2);
+    co_await conn->close();
+  }());
+  CHECK_THROWS_AS(sluice::redis::rate_limiter(nullptr, "x", 1, 1s), std::invalid_argument);
+}
