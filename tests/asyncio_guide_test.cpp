@@ -375,6 +375,43 @@ TEST_CASE("guide: a keyed_rate_limiter limits each key on its own", "[asyncio_gu
   CHECK(loop.now() == 1100ms);
 }
 
+TEST_CASE("guide: a keyed_semaphore allows one call per key at a time", "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s)});
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::keyed_semaphore<std::string> per_account{1};  // one call per account at once
+    auto job = [&](std::string account) -> asio::awaitable<std::string> {
+      auto permit = co_await per_account.scoped_acquire(account);  // waits for this account only
+      co_return co_await fetch(api, account);
+    };
+    co_await sluice::gather(job("alice"), job("alice"), job("bob"));
+  }());
+  CHECK(api.max_in_flight("alice") == 1);
+  CHECK(api.collisions() == 0);
+  CHECK(loop.now() == 2s);  // alice twice in a row; bob beside the first
+}
+
+TEST_CASE("guide: single_flight makes concurrent callers of one key share one call",
+          "[asyncio_guide]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s)});
+  std::vector<std::string> pages;
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::single_flight<std::string, std::string> flights;
+    auto get = [&](std::string key) -> asio::awaitable<std::string> {
+      // Named, not a temporary inside co_await (a g++ 12 bug, see single_flight.hpp).
+      auto call = [&api, key] {
+        return fetch(api, key);
+      };
+      co_return co_await flights.run(key, call);
+    };
+    auto [x, y, z] = co_await sluice::gather(get("a"), get("a"), get("a"));
+    pages = {x, y, z};
+  }());
+  CHECK(pages == strings({"page a", "page a", "page a"}));
+  CHECK(api.calls() == 1);
+}
+
 // The one row on a plain io_context: virtual_loop cannot wait for work on
 // another thread (with no timer pending it reports deadlock_error at once).
 TEST_CASE("guide: to_thread runs blocking work on a pool", "[asyncio_guide]") {
