@@ -6,16 +6,20 @@
 #                clang 14 cannot emit debug info for coroutines under the sanitizers;
 #                -Wmaybe-uninitialized gives false positives in Asio/Catch2 there)
 #   make test-boost  the whole suite on Boost.Asio (SLUICE_USE_BOOST_ASIO, g++)
-#   make bench   the benchmarks, each beside its baselines (Release)
+#   make bench   the benchmarks, each beside its baselines (Release), and the report:
+#                build/bench/report.json, tables.md, makespan.{png,svg}, ns_per_task.{png,svg}
+#   make bench-docs  the same, then copies the plots to docs/ and regenerates the
+#                README's tables (the block between <!-- bench:begin/end -->)
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev python3-matplotlib
+PYTHON   ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 
-.PHONY: deps demo test test-gcc test-clang test-boost asan bench clean
+.PHONY: deps demo test test-gcc test-clang test-boost asan bench bench-docs clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -59,8 +63,10 @@ asan: deps
 bench: deps
 	$(call configure,bench,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF)
 	cmake --build build/bench -j$(JOBS)
-	@for b in build/bench/benchmarks/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2 || exit 1; done
-	@for p in benchmarks/*_asyncio.py; do [ -f $$p ] && { echo "== $$p"; python3 $$p; }; done; true
+	$(PYTHON) benchmarks/report.py --build build/bench --out build/bench $(BENCH_ARGS)
+
+bench-docs:
+	$(MAKE) bench BENCH_ARGS="--docs docs --readme README.md"
 
 clean:
 	rm -rf build

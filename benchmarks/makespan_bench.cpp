@@ -6,7 +6,7 @@
 //   amenity   14 calls of 1-5 s (the amenity discovery case)
 //   calls200  200 calls of 50-500 ms
 // Clocks: virtual (sluice::testing::virtual_loop: exact) and real (the same
-// service on real time with latencies scaled by 1/200; makespans are reported
+// service on real time with latencies scaled by 1/100; makespans are reported
 // unscaled, so both clocks' numbers compare directly).
 // Strategies, for limit = 1 2 3 5 8 13 21 34 and unbounded (name suffix 0):
 //   sequential         one call after another (independent of the limit: run once)
@@ -41,7 +41,7 @@ using namespace sluice_bench;
 using namespace std::chrono_literals;
 namespace st = sluice::testing;
 
-constexpr double real_time_scale = 1.0 / 200;
+constexpr double real_time_scale = 1.0 / 100;
 
 struct scenario {
   const char* name;
