@@ -390,27 +390,23 @@ def plot_ns(t, out):
     ]
     colors = {"sluice": "tab:blue", "asio": "tab:orange", "floor": "tab:gray",
               "asyncio": "tab:green"}
-    fig, axes = plt.subplots(1, 2, figsize=(13, 8), sharey=True)
-    for ax, k in zip(axes, ("immediate", "suspending")):
-        labels, values, cols, y = [], [], [], 0
-        ticks = []
-        for gname, items in groups:
-            for label, key, cat in items:
-                v = t.get(key.format(k=k))
-                if v is None:
-                    continue
-                labels.append(f"{label}  [{gname}]")
-                values.append(v)
-                cols.append(colors[cat])
-                ticks.append(y)
+    rows, y = [], 0  # (y, label, key, category), one row per workload present in either kind
+    for gname, items in groups:
+        for label, key, cat in items:
+            if any(key.format(k=k) in t for k in ("immediate", "suspending")):
+                rows.append((y, f"{label}  [{gname}]", key, cat))
                 y += 1
-            y += 0.6
-        ax.barh(ticks, values, color=cols)
-        for yy, v in zip(ticks, values):
+        y += 0.6
+    fig, axes = plt.subplots(1, 2, figsize=(13, 8))
+    for i, (ax, k) in enumerate(zip(axes, ("immediate", "suspending"))):
+        shown = [(yy, t[key.format(k=k)], colors[cat]) for yy, _, key, cat in rows
+                 if key.format(k=k) in t]
+        ax.barh([r[0] for r in shown], [r[1] for r in shown], color=[r[2] for r in shown])
+        for yy, v, _ in shown:
             ax.text(v * 1.05, yy, f"{v:.0f}", va="center", fontsize=7)
         ax.set_xscale("log")
-        ax.set_yticks(ticks, labels, fontsize=7)
-        ax.invert_yaxis()
+        ax.set_yticks([r[0] for r in rows], [r[1] for r in rows] if i == 0 else [], fontsize=7)
+        ax.set_ylim(y - 0.4, -0.8)
         ax.set_xlabel("ns per task (log scale)")
         ax.set_title(f"tasks {'completing at once' if k == 'immediate' else 'suspending once'}")
         ax.grid(True, axis="x", which="both", alpha=0.3)
