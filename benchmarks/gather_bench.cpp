@@ -14,6 +14,8 @@
 //                         (asyncio's pattern ported literally)
 //   gather_lazy / gather_vector  sluice::gather, unbounded, N tasks
 //   cospawn_counter_lazy / cospawn_counter_vector  hand-written: co_spawn each, count down
+//   cospawn_cancellable_lazy  the same with each task bound to its own cancellation
+//                         signal (what gather must pay to cancel its children)
 //   parallel_group_ranged asio::experimental::make_parallel_group(range).async_wait(
 //                         wait_for_all()) (Asio >= 1.24 only)
 //   pair_gather           co_await sluice::gather(a, b), per task
@@ -30,6 +32,7 @@
 #include <sluice/testing/virtual_time.hpp>
 
 #include <cstddef>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -163,6 +166,30 @@ void cospawn_counter(benchmark::State& state, std::size_t n) {
   per_task(state, n, K);
 }
 
+// cospawn_counter_lazy plus what a cancellable fan-out needs: each task bound
+// to its own cancellation signal (the same per-task machinery gather has).
+template <kind K>
+void cospawn_counter_cancellable(benchmark::State& state, std::size_t n) {
+  run_each_iteration(state, [n]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    countdown left{n, {}};
+    std::vector<int> results(n);
+    std::deque<asio::cancellation_signal> signals;
+    for (std::size_t i = 0; i < n; ++i) {
+      signals.emplace_back();
+      asio::co_spawn(
+          ex, task<K>(static_cast<int>(i)),
+          asio::bind_cancellation_slot(signals.back().slot(), [&, i](std::exception_ptr, int v) {
+            results[i] = v;
+            left.done();
+          }));
+    }
+    co_await left.wait();
+    benchmark::DoNotOptimize(results.data());
+  });
+  per_task(state, n, K);
+}
+
 #if SLUICE_ASIO_VERSION >= 102400
 template <kind K>
 void parallel_group_ranged(benchmark::State& state, std::size_t n) {
@@ -273,6 +300,7 @@ void register_all() {
   for (std::size_t n : {10'000, 100'000, 1'000'000}) {
     add("gather_lazy", SLUICE_BOTH(gather_unbounded, true), n);
     add("cospawn_counter_lazy", SLUICE_BOTH(cospawn_counter, true), n);
+    add("cospawn_cancellable_lazy", SLUICE_BOTH(cospawn_counter_cancellable), n);
     add("gather_vector", SLUICE_BOTH(gather_unbounded, false), n);
     add("cospawn_counter_vector", SLUICE_BOTH(cospawn_counter, false), n);
   }

@@ -127,6 +127,10 @@ def targets(t, study):
             r = ratio(t, f"gather_{form}/suspending/{n}", f"cospawn_counter_{form}/suspending/{n}")
             add(f"unbounded `gather` ({form}, {n:,} suspending tasks) ≤ 1.1x `co_spawn` + counter",
                 r, lambda v: v <= 1.1)
+            if form == "lazy":
+                r = ratio(t, f"gather_lazy/suspending/{n}", f"cospawn_cancellable_lazy/suspending/{n}")
+                add(f"(for reference) the same ≤ 1.1x `co_spawn` + counter + a signal per task",
+                    r, lambda v: v <= 1.1)
     for k in ("immediate", "suspending"):
         r = ratio(t, f"map_unordered/{k}/64", f"mu_floor_lazy/{k}/64")
         add(f"`map_unordered` ≤ 2x lazy floor, {k}", r, lambda v: v <= 2)
@@ -236,16 +240,20 @@ def markdown(t, study, target_rows):
         ("asyncio: sequential `await` loop", "asyncio_floor_lazy/{k}/10000"),
         ("asyncio: the seeds' `gather_with_concurrency(8)`", "asyncio_gwc/{k}/8"),
     ], lambda k: f"floor_lazy/{k}/10000")
-    out += ["", "**Unbounded `gather`** (× hand-written `co_spawn` + counter over the same input)", "",
+    out += ["", "**Unbounded `gather`** (× hand-written `co_spawn` + counter over the same input; "
+            "lazy input also × the same with a `cancellation_signal` bound to each task, "
+            "which gather needs to cancel its children)", "",
             "| tasks | input | immediate: `gather` ns/task | × `co_spawn` + counter | "
-            "suspending once: `gather` ns/task | × `co_spawn` + counter |",
-            "|---|---|---|---|---|---|"]
+            "suspending once: `gather` ns/task | × `co_spawn` + counter | × with signals |",
+            "|---|---|---|---|---|---|---|"]
     for n in (10_000, 100_000, 1_000_000):
         for form in ("lazy", "vector"):
             cells = []
             for k in ("immediate", "suspending"):
                 g, c = t.get(f"gather_{form}/{k}/{n}"), t.get(f"cospawn_counter_{form}/{k}/{n}")
                 cells += [fmt_ns(g), "—" if g is None or c is None else f"{g / c:.2f}x"]
+            g, c = t.get(f"gather_{form}/suspending/{n}"), t.get(f"cospawn_cancellable_{form}/suspending/{n}")
+            cells.append("—" if g is None or c is None else f"{g / c:.2f}x")
             out.append(f"| {n:,} | {form} | " + " | ".join(cells) + " |")
     pg = [k for k in t if k.startswith("parallel_group_ranged/")]
     if pg:
