@@ -8,7 +8,8 @@
 #   make test-boost  the whole suite on Boost.Asio (SLUICE_USE_BOOST_ASIO, g++)
 #   make bench   the benchmarks, each beside its baselines (Release), and the report:
 #                build/bench/report.json, tables.md, makespan.{png,svg}, ns_per_task.{png,svg}
-#   make bench-docs  the same, then copies the plots to docs/ and regenerates the
+#   make bench-boost  the same, plus the Asio-version-dependent peers on Boost.Asio
+#   make bench-docs  bench-boost, then copies the plots to docs/ and regenerates the
 #                README's tables (the block between <!-- bench:begin/end -->)
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
@@ -19,7 +20,7 @@ SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 
-.PHONY: deps demo test test-gcc test-clang test-boost asan bench bench-docs clean
+.PHONY: deps demo test test-gcc test-clang test-boost asan bench bench-docs bench-boost clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -66,7 +67,12 @@ bench: deps
 	$(PYTHON) benchmarks/report.py --build build/bench --out build/bench $(BENCH_ARGS)
 
 bench-docs:
-	$(MAKE) bench BENCH_ARGS="--docs docs --readme README.md"
+	$(MAKE) bench-boost BENCH_ARGS="--docs docs --readme README.md"
+
+bench-boost: deps
+	$(call configure,bench-boost,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_USE_BOOST_ASIO=ON)
+	cmake --build build/bench-boost -j$(JOBS) --target gather_bench primitives_bench
+	$(MAKE) bench BENCH_ARGS="--boost-build build/bench-boost $(BENCH_ARGS)"
 
 clean:
 	rm -rf build

@@ -31,19 +31,31 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LIMITS = [1, 2, 3, 5, 8, 13, 21, 34, 0]
 
 
-def run_benchmarks(build, out, min_time, repetitions):
+# The cases run again on Boost.Asio (--boost-build): the Asio peers whose cost
+# or availability depends on the Asio version.
+BOOST_FILTER = {"gather_bench": "parallel_group_ranged|(gather|cospawn_counter)_lazy/.*/10000$|pair_",
+                "primitives_bench": "handoff|post_round_trip|transfer"}
+
+
+def run_benchmarks(build, out, min_time, repetitions, prefix="", filters=None):
     for exe in sorted(glob.glob(os.path.join(build, "benchmarks", "*_bench"))):
         name = os.path.basename(exe)
-        args = [exe, "--benchmark_format=json", f"--benchmark_out={out}/{name}.json",
+        if filters is not None and name not in filters:
+            continue
+        args = [exe, "--benchmark_format=json", f"--benchmark_out={out}/{prefix}{name}.json",
                 "--benchmark_out_format=json"]
+        if filters is not None:
+            args.append(f"--benchmark_filter={filters[name]}")
         if name != "makespan_bench":
             args += [f"--benchmark_min_time={min_time}"]
             if repetitions > 1:
                 args += [f"--benchmark_repetitions={repetitions}",
                          "--benchmark_enable_random_interleaving=true",
                          "--benchmark_report_aggregates_only=true"]
-        print(f"== {name}", flush=True)
+        print(f"== {prefix}{name}", flush=True)
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    if filters is not None:
+        return
     for script in sorted(glob.glob(os.path.join(HERE, "*_asyncio.py"))):
         name = os.path.splitext(os.path.basename(script))[0]
         print(f"== {name}.py", flush=True)
@@ -51,13 +63,13 @@ def run_benchmarks(build, out, min_time, repetitions):
                        stdout=subprocess.DEVNULL)
 
 
-def load_google(path, timings, study):
+def load_google(path, timings, study, prefix=""):
     with open(path) as f:
         data = json.load(f)
     for b in data["benchmarks"]:
         if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
             continue
-        name = b.get("run_name", b["name"]).split("/iterations:")[0]
+        name = prefix + b.get("run_name", b["name"]).split("/iterations:")[0]
         if name.startswith("study/"):
             _, scenario, clock, strategy, limit = name.split("/")
             study.append(dict(language="C++", scenario=scenario, clock=clock, strategy=strategy,
@@ -83,7 +95,10 @@ def load_google(path, timings, study):
 def collect(out):
     timings, study, context = {}, [], {}
     for path in sorted(glob.glob(os.path.join(out, "*_bench.json"))):
-        context = load_google(path, timings, study) or context
+        if os.path.basename(path).startswith("boost_"):
+            load_google(path, timings, study, "boost:")
+        else:
+            context = load_google(path, timings, study) or context
     for path in sorted(glob.glob(os.path.join(out, "*_asyncio.json"))):
         with open(path) as f:
             data = json.load(f)
@@ -140,6 +155,11 @@ def targets(t, study):
         lambda v: v <= 1.0, "{:.2f} posts")
     add("contended hand-off ≤ `asio::experimental::channel` ping-pong",
         ratio(t, "semaphore_handoff", "channel_handoff"), lambda v: v <= 1.0)
+    add("contended hand-off ≤ one post, Boost.Asio 1.81",
+        ratio(t, "boost:semaphore_handoff", "boost:post_round_trip"), lambda v: v <= 1.0,
+        "{:.2f} posts")
+    add("contended hand-off ≤ `experimental::channel` ping-pong, Boost.Asio 1.81",
+        ratio(t, "boost:semaphore_handoff", "boost:channel_handoff"), lambda v: v <= 1.0)
     bounded = [r for r in study if r["language"] == "C++" and r["strategy"] in
                ("gather_with_concurrency", "map_unordered", "cospawn_semaphore")]
     virt = [abs(r["makespan_s"] - r["ideal_s"]) for r in bounded if r["clock"] == "virtual"]
@@ -255,10 +275,20 @@ def markdown(t, study, target_rows):
             g, c = t.get(f"gather_{form}/suspending/{n}"), t.get(f"cospawn_cancellable_{form}/suspending/{n}")
             cells.append("—" if g is None or c is None else f"{g / c:.2f}x")
             out.append(f"| {n:,} | {form} | " + " | ".join(cells) + " |")
-    pg = [k for k in t if k.startswith("parallel_group_ranged/")]
-    if pg:
-        out += ["", "Ranged `make_parallel_group(ops).async_wait(wait_for_all())`, 10,000 tasks: " +
-                ", ".join(f"{k.split('/')[1]} {fmt_ns(t[k])} ns/task" for k in sorted(pg))]
+    for pre, where in [("", "this Asio"), ("boost:", "Boost.Asio 1.81 (Asio 1.26; `make bench-boost`)")]:
+        pg = sorted(k for k in t if k.startswith(pre + "parallel_group_ranged/"))
+        if pg:
+            parts = []
+            for k in pg:
+                kind = k.split("/")[1]
+                g = t.get(f"{pre}gather_lazy/{kind}/10000")
+                parts.append(f"{kind}: {fmt_ns(t[k])} ns/task" +
+                             (f" (sluice `gather` {fmt_ns(g)}, {g / t[k]:.2f}x)" if g else ""))
+            out += ["", f"Ranged `make_parallel_group(ops).async_wait(wait_for_all())` on {where}, "
+                    "10,000 tasks — " + "; ".join(parts) + "."]
+    if not any(k.startswith(("parallel_group_ranged/", "boost:parallel_group_ranged/")) for k in t):
+        out += ["", "The ranged `make_parallel_group` needs Asio 1.24 (Boost 1.80); "
+                "`make bench-boost` measures it on Boost.Asio 1.81."]
     out += ["", "**Two tasks** (per task; × sluice's `gather(a, b)`)", "",
             "| workload | immediate: ns/task | × `gather(a, b)` | suspending once: ns/task | "
             "× `gather(a, b)` |", "|---|---|---|---|---|"]
@@ -444,6 +474,8 @@ def main():
     ap.add_argument("--out", default="build/bench")
     ap.add_argument("--min-time", default="0.1")
     ap.add_argument("--repetitions", type=int, default=3)
+    ap.add_argument("--boost-build", help="a Boost.Asio build of the benchmarks (the peers "
+                    "whose availability or cost depends on the Asio version run there too)")
     ap.add_argument("--no-run", action="store_true")
     ap.add_argument("--docs")
     ap.add_argument("--readme")
@@ -451,6 +483,8 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     if not a.no_run:
         run_benchmarks(a.build, a.out, a.min_time, a.repetitions)
+        if a.boost_build:
+            run_benchmarks(a.boost_build, a.out, a.min_time, a.repetitions, "boost_", BOOST_FILTER)
     t, study, context = collect(a.out)
     target_rows = targets(t, study)
     report = dict(context=context, timings=t, study=study, targets=target_rows)
