@@ -22,10 +22,10 @@ import argparse
 import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIMITS = [1, 2, 3, 5, 8, 13, 21, 34, 0]
@@ -52,15 +52,19 @@ def run_benchmarks(build, out, min_time, repetitions, prefix="", filters=None):
                 args += [f"--benchmark_repetitions={repetitions}",
                          "--benchmark_enable_random_interleaving=true",
                          "--benchmark_report_aggregates_only=true"]
-        print(f"== {prefix}{name}", flush=True)
+        t0 = time.monotonic()
+        print(f"== {prefix}{name}", end=" ", flush=True)
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+        print(f"({time.monotonic() - t0:.0f} s)", flush=True)
     if filters is not None:
         return
     for script in sorted(glob.glob(os.path.join(HERE, "*_asyncio.py"))):
         name = os.path.splitext(os.path.basename(script))[0]
-        print(f"== {name}.py", flush=True)
+        t0 = time.monotonic()
+        print(f"== {name}.py", end=" ", flush=True)
         subprocess.run([sys.executable, script, "--json", f"{out}/{name}.json"], check=True,
                        stdout=subprocess.DEVNULL)
+        print(f"({time.monotonic() - t0:.0f} s)", flush=True)
 
 
 def load_google(path, timings, study, prefix=""):
@@ -144,7 +148,7 @@ def targets(t, study):
                 r, lambda v: v <= 1.1)
             if form == "lazy":
                 r = ratio(t, f"gather_lazy/suspending/{n}", f"cospawn_cancellable_lazy/suspending/{n}")
-                add(f"(for reference) the same ≤ 1.1x `co_spawn` + counter + a signal per task",
+                add("(for reference) the same ≤ 1.1x `co_spawn` + counter + a signal per task",
                     r, lambda v: v <= 1.1)
     for k in ("immediate", "suspending"):
         r = ratio(t, f"map_unordered/{k}/64", f"mu_floor_lazy/{k}/64")
