@@ -170,6 +170,16 @@ struct naive_semaphore {
   }
 };
 
+// main() of a benchmark whose cases are registered at run time.
+inline int run_main(int argc, char** argv, void (*register_all)()) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
+
 }  // namespace sluice_bench
 
 #endif  // SLUICE_BENCHMARKS_BENCH_COMMON_HPP

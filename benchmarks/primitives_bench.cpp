@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <memory>
 
 namespace {
 
@@ -160,22 +161,24 @@ constexpr std::size_t queue_items = 10'000;
 constexpr std::size_t queue_capacity = 16;
 
 // A producer puts 10,000 items through a queue of capacity 16 to a consumer;
-// per item.
-void queue_transfer(benchmark::State& state) {
+// per item. `make(ctx)` returns a pointer to the queue; `put(q, i)` and
+// `get(q)` return awaitables.
+template <class Make, class Put, class Get>
+void transfer(benchmark::State& state, Make make, Put put, Get get) {
   asio::io_context ctx(1);
   long sum = 0;
   for (auto _ : state) {
-    sluice::queue<int> q(queue_capacity);
+    auto q = make(ctx);
     asio::co_spawn(
         ctx,
         [&]() -> asio::awaitable<void> {
-          for (std::size_t i = 0; i < queue_items; ++i) co_await q.put(static_cast<int>(i));
+          for (std::size_t i = 0; i < queue_items; ++i) co_await put(*q, static_cast<int>(i));
         },
         rethrow);
     asio::co_spawn(
         ctx,
         [&]() -> asio::awaitable<void> {
-          for (std::size_t i = 0; i < queue_items; ++i) sum += co_await q.get();
+          for (std::size_t i = 0; i < queue_items; ++i) sum += co_await get(*q);
         },
         rethrow);
     ctx.restart();
@@ -186,35 +189,24 @@ void queue_transfer(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(queue_items * state.iterations()),
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
+
+void queue_transfer(benchmark::State& state) {
+  transfer(
+      state, [](asio::io_context&) { return std::make_unique<sluice::queue<int>>(queue_capacity); },
+      [](sluice::queue<int>& q, int i) { return q.put(i); },
+      [](sluice::queue<int>& q) { return q.get(); });
+}
 BENCHMARK(queue_transfer);
 
 // The Asio peer of queue_transfer: asio::experimental::channel of capacity 16.
 void channel_transfer(benchmark::State& state) {
-  asio::io_context ctx(1);
-  long sum = 0;
-  for (auto _ : state) {
-    asio::experimental::channel<void(sluice::error_code, int)> ch(ctx, queue_capacity);
-    asio::co_spawn(
-        ctx,
-        [&]() -> asio::awaitable<void> {
-          for (std::size_t i = 0; i < queue_items; ++i)
-            co_await ch.async_send(sluice::error_code{}, static_cast<int>(i), asio::use_awaitable);
-        },
-        rethrow);
-    asio::co_spawn(
-        ctx,
-        [&]() -> asio::awaitable<void> {
-          for (std::size_t i = 0; i < queue_items; ++i)
-            sum += co_await ch.async_receive(asio::use_awaitable);
-        },
-        rethrow);
-    ctx.restart();
-    ctx.run();
-  }
-  benchmark::DoNotOptimize(sum);
-  state.counters["per_item"] =
-      benchmark::Counter(static_cast<double>(queue_items * state.iterations()),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  using channel = asio::experimental::channel<void(sluice::error_code, int)>;
+  transfer(
+      state, [](asio::io_context& ctx) { return std::make_unique<channel>(ctx, queue_capacity); },
+      [](channel& ch, int i) {
+        return ch.async_send(sluice::error_code{}, i, asio::use_awaitable);
+      },
+      [](channel& ch) { return ch.async_receive(asio::use_awaitable); });
 }
 BENCHMARK(channel_transfer);
 
