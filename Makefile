@@ -11,16 +11,17 @@
 #   make bench-boost  the same, plus the Asio-version-dependent peers on Boost.Asio
 #   make bench-docs  bench-boost, then copies the plots to docs/ and regenerates the
 #                README's tables (the block between <!-- bench:begin/end -->)
+#   make docs    the API reference (Doxygen) under build/docs/html; fails on any warning
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev python3-matplotlib
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen python3-matplotlib
 PYTHON   ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 
-.PHONY: deps demo test test-gcc test-clang test-boost asan bench bench-docs bench-boost clean
+.PHONY: deps demo test test-gcc test-clang test-boost asan bench bench-docs bench-boost docs clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -73,6 +74,10 @@ bench-boost: deps
 	$(call configure,bench-boost,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_USE_BOOST_ASIO=ON)
 	cmake --build build/bench-boost -j$(JOBS) --target gather_bench primitives_bench
 	$(MAKE) bench BENCH_ARGS="--boost-build build/bench-boost $(BENCH_ARGS)"
+
+docs: deps
+	@mkdir -p build
+	doxygen docs/Doxyfile
 
 clean:
 	rm -rf build

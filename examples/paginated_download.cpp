@@ -9,6 +9,7 @@
 //
 //   paginated_download            real time (about 6 s)
 //   paginated_download --virtual  the same in virtual time: instant, exact
+#include <sluice/for_each.hpp>
 #include <sluice/map_unordered.hpp>
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
@@ -26,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 using namespace std::chrono_literals;
 namespace testing = sluice::testing;
@@ -88,13 +90,15 @@ asio::awaitable<int> run() {
     co_return 1000 + key.size() * 37;  // "bytes"
   };
 
-  auto downloads = sluice::map_unordered(download, bucket_listing(api, listed), limit);
-
   std::size_t done = 0, bytes = 0, pages_at_first = 0;
   double first_at = 0;
-  while (std::optional<std::size_t> n = co_await downloads.next()) {
+  // for_each: on every way out (the end, an exception, a cancellation) every
+  // download has finished before it returns, so the `[&]` lambdas above never
+  // outlive this frame.
+  auto downloads = sluice::map_unordered(download, bucket_listing(api, listed), limit);
+  co_await sluice::for_each(std::move(downloads), [&](std::size_t n) {
     ++done;
-    bytes += *n;
+    bytes += n;
     const double elapsed = seconds(sluice::now(ex) - t0);
     if (done == 1) {
       first_at = elapsed;
@@ -105,7 +109,7 @@ asio::awaitable<int> run() {
                 tty ? "\r" : "", done, total.c_str(), storage.in_flight(), listed.pages_listed,
                 pages, elapsed, tty ? "" : "\n");
     std::fflush(stdout);
-  }
+  });
   const double elapsed = seconds(sluice::now(ex) - t0);
   std::printf("%s%zu objects, %zu bytes in %.2f s; at most %zu downloads in flight\n",
               tty ? "\n" : "", done, bytes, elapsed, storage.max_in_flight());

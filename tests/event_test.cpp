@@ -9,7 +9,6 @@
 #include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
-#include <support/death.hpp>
 #include <support/spawned.hpp>
 
 #include <chrono>
@@ -17,7 +16,6 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -165,21 +163,6 @@ TEST_CASE("destroying an event with waiters completes them with operation_aborte
   CHECK(a.cancelled());
 }
 
-#if SLUICE_AFFINITY_CHECKS && SLUICE_TEST_CAN_FORK
-TEST_CASE("an event used from a thread that is not running its loop aborts naming it",
-          "[event][affinity]") {
-  auto r = sluice_test::run_in_child([] {
-    asio::io_context ctx;
-    sluice::event ev{ctx.get_executor()};
-    asio::post(ctx, [&] { ev.clear(); });
-    std::thread t([&] { ctx.run(); });
-    t.join();
-    ev.set();
-  });
-  CHECK(r.aborted);
-  CHECK(r.stderr_text.find("sluice::event") != std::string::npos);
-}
-#endif
 
 // ---------------------------------------------------------------------------
 // Adversarial review.

@@ -9,7 +9,6 @@
 #include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
-#include <support/death.hpp>
 #include <support/spawned.hpp>
 
 #include <chrono>
@@ -17,7 +16,6 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -231,18 +229,3 @@ TEST_CASE("destroying a lock with waiters completes them with operation_aborted"
   CHECK(a.cancelled());
 }
 
-#if SLUICE_AFFINITY_CHECKS && SLUICE_TEST_CAN_FORK
-TEST_CASE("a lock used from a thread that is not running its loop aborts naming it",
-          "[lock][affinity]") {
-  auto r = sluice_test::run_in_child([] {
-    asio::io_context ctx;
-    sluice::lock l{ctx.get_executor()};
-    asio::post(ctx, [&] { (void)l.try_acquire(); });
-    std::thread t([&] { ctx.run(); });
-    t.join();
-    l.release();
-  });
-  CHECK(r.aborted);
-  CHECK(r.stderr_text.find("sluice::lock") != std::string::npos);
-}
-#endif

@@ -8,6 +8,9 @@
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
 #include <support/recorded_input.hpp>
+#include <support/service_calls.hpp>
+#include <support/spawned.hpp>
+#include <support/stderr_capture.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +27,9 @@ using namespace std::chrono_literals;
 using sluice::testing::slow_service;
 using sluice::testing::virtual_loop;
 namespace latency = sluice::testing::latency;
+using sluice_test::call;
+using sluice_test::call_or_fail;
+using sluice_test::iota_vec;
 using sluice_test::recorded_input;
 using sluice_test::recorded_source;
 using std::chrono::milliseconds;
@@ -83,12 +89,6 @@ asio::awaitable<std::vector<got>> drain(virtual_loop& loop, Stream& s) {
   std::vector<got> out;
   while (auto r = co_await s.next()) out.push_back({*r, loop.now()});
   co_return out;
-}
-
-// A task for a slow_service call keyed by its input, returning the input.
-asio::awaitable<int> call(slow_service& svc, int i, std::string op = {}) {
-  co_await svc.call(std::to_string(i), std::move(op));
-  co_return i;
 }
 
 }  // namespace
@@ -181,11 +181,12 @@ TEST_CASE("with a slow consumer, running plus unread tasks never exceed the limi
     auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, in, 3);
     while (auto r = co_await s.next()) {
       ++read;
-      // The result in hand holds a slot until the next call: pulled - (read - 1) <= 3.
-      CHECK(s.running() + s.ready() + 1 <= 3);
-      CHECK(in.pulled() <= read - 1 + 3);
+      // A result is read once next() returned it: pulled - read <= 3.
+      CHECK(s.running() + s.ready() <= 3);
+      CHECK(in.pulled() <= read + 3);
       co_await sluice::sleep(1s);  // a slow consumer: the freed slot was refilled, no more
-      CHECK(in.pulled() == std::min<std::size_t>(20, read - 1 + 3));
+      CHECK(in.pulled() == std::min<std::size_t>(20, read + 3));
+      CHECK(s.running() + s.ready() <= 3);
     }
   });
   CHECK(read == 20);
@@ -193,7 +194,7 @@ TEST_CASE("with a slow consumer, running plus unread tasks never exceed the limi
   CHECK(loop.now() == 20s + 10ms);
 }
 
-TEST_CASE("with limit 1 and a slow consumer, production and consumption interleave one by one",
+TEST_CASE("with limit 1 the next task runs while the consumer works on the previous result",
           "[map_unordered]") {
   virtual_loop loop;
   std::vector<std::string> log;
@@ -208,9 +209,59 @@ TEST_CASE("with limit 1 and a slow consumer, production and consumption interlea
       log.push_back("got result");
     }
   });
-  CHECK(log == std::vector<std::string>{"0 (async)", "got result", "1 (async)", "got result",
-                                        "2 (async)", "got result", "3 (async)", "got result"});
+  // Each result frees its slot when next() returns it; the next result then
+  // waits unread (the slot stays taken) until the consumer asks again.
+  CHECK(log == std::vector<std::string>{"0 (async)", "1 (async)", "got result", "2 (async)",
+                                        "got result", "3 (async)", "got result", "got result"});
   CHECK(loop.now() == 400ms);
+}
+
+TEST_CASE("limit 1 overlaps the consumer's work with the next task: 3 x 100 ms end at 400 ms",
+          "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(100ms)});
+  std::vector<nanoseconds> got_at;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, std::vector{0, 1, 2}, 1);
+    while (co_await s.next()) {
+      got_at.push_back(loop.now());
+      co_await sluice::sleep(100ms);  // the consumer's work on the result
+    }
+  });
+  // Task 0 runs 0..100 ms; task 1 runs 100..200 ms while the consumer works on
+  // result 0; task 2 runs 200..300 ms; the consumer finishes result 2 at 400 ms.
+  // (A slot held until the following next() made it 600 ms.)
+  CHECK(got_at == std::vector<nanoseconds>{100ms, 200ms, 300ms});
+  CHECK(loop.now() == 400ms);
+  CHECK(svc.max_in_flight() == 1);
+  std::vector<nanoseconds> starts;
+  for (const auto& c : svc.timeline()) starts.push_back(c.start);
+  CHECK(starts == std::vector<nanoseconds>{0ms, 100ms, 200ms});
+}
+
+TEST_CASE("no input is pulled while limit results wait unread", "[map_unordered]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(10ms)});
+  recorded_input<int> in({0, 1, 2, 3, 4, 5});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, in, 2);
+    auto first = co_await s.next();  // starts the stream; 0 and 1 started at 0 ms
+    CHECK(first == 0);
+    CHECK(loop.now() == 10ms);
+    co_await sluice::sleep(1s);  // 1 and 2 finished, unread: the limit is reached
+    CHECK(s.ready() == 2);
+    CHECK(s.running() == 0);
+    CHECK(in.pulled() == 3);
+    CHECK(svc.calls() == 3);
+    auto second = co_await s.next();  // reads 1: exactly one more input
+    CHECK(second == 1);
+    co_await sluice::sleep(1s);
+    CHECK(s.running() + s.ready() == 2);
+    CHECK(in.pulled() == 4);
+    CHECK(svc.calls() == 4);
+    co_await s.close();
+  });
+  CHECK(svc.max_in_flight() == 2);
 }
 
 TEST_CASE("tasks keep running while the consumer is busy", "[map_unordered]") {
@@ -451,7 +502,7 @@ TEST_CASE("destroying a stream after 3 of 1000 results leaves nothing running", 
   loop.poll();
   CHECK(svc.in_flight() == 0);
   CHECK(svc.cancellations() > 0);
-  CHECK(svc.calls() <= 2 + 8);  // the result in hand held a slot: at most 2 read + 8 taken
+  CHECK(svc.calls() <= 3 + 8);  // at most 3 read + 8 taken
   CHECK(svc.completed() + svc.cancellations() == svc.calls());
 }
 
@@ -463,7 +514,7 @@ TEST_CASE("close() cancels the running tasks and returns once they all finished"
     auto s = sluice::map_unordered([&](int i) { return call(svc, i); },
                                    std::vector{0, 1, 2, 3, 4, 5}, 4);
     co_await s.next();
-    CHECK(svc.in_flight() == 3);  // 4 slots: the result in hand holds one
+    CHECK(svc.in_flight() == 3);  // the freed slot is refilled once the consumer yields
     co_await s.close();
     CHECK(svc.in_flight() == 0);
     CHECK(svc.cancellations() == 3);
@@ -602,7 +653,7 @@ TEST_CASE("as_completed with return_exceptions yields every outcome", "[map_unor
   loop.run([&]() -> asio::awaitable<void> {
     std::vector<asio::awaitable<int>> tasks;
     for (int d : {100, -100, 100}) tasks.push_back(nap_or_fail(f, d));
-    auto s = sluice::as_completed(tasks, 3, sluice::return_exceptions);
+    auto s = sluice::as_completed(std::move(tasks), 3, sluice::return_exceptions);
     while (auto r = co_await s.next()) ++(*r ? ok : failed);
   });
   CHECK(ok == 2);
@@ -711,22 +762,6 @@ TEST_CASE("map_unordered runs its tasks on a strand when the consumer runs on on
 }
 
 // ---- adversarial review: lifetimes, pipelines, cancellation ----------------
-
-namespace {
-
-asio::awaitable<int> call_or_fail(slow_service& svc, int i, int fail_at) {
-  co_await svc.call(std::to_string(i));
-  if (i == fail_at) throw std::runtime_error("task " + std::to_string(i) + " failed");
-  co_return i;
-}
-
-std::vector<int> iota_vec(int n) {
-  std::vector<int> v(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
-  return v;
-}
-
-}  // namespace
 
 TEST_CASE("a stream destroyed mid-flight inside a coroutine winds down cleanly", "[stream]") {
   virtual_loop loop;
@@ -1017,4 +1052,163 @@ TEST_CASE("map_unordered on a strand survives failure, cancellation and destruct
   CHECK(failed == "task 2 failed");
   CHECK(cancelled == "timeout");
   CHECK(svc.in_flight() == 0);
+}
+
+// ---- issue 7: a caller cancelled before it calls next() / close() ----------
+
+TEST_CASE("next() from a caller cancelled before the call with no result ready closes and waits",
+          "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::from(
+                        [](const auto& c) -> nanoseconds { return c.index == 0 ? 1s : 5s; })});
+  std::string how;
+  std::size_t in_flight_at_end = 99;
+  std::optional<nanoseconds> ended_at;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3);
+    auto first = co_await s.next();  // 0 at 1 s; 1, 2 and 3 run until 5 s and 6 s
+    CHECK(first == 0);
+    try {
+      co_await sluice::sleep(10s);  // cancelled at 1.5 s
+    } catch (...) {
+    }
+    how = co_await sluice_test::ending_of(s.next());
+    ended_at = t.loop.now();
+    in_flight_at_end = svc.in_flight();
+  });
+  t.loop.run_for(1500ms);
+  CHECK(svc.in_flight() == 3);
+  consumer.cancel();
+  t.poll();
+  CHECK(consumer.done);
+  CHECK(how == "aborted");
+  CHECK(ended_at == 1500ms);
+  CHECK(in_flight_at_end == 0);
+  CHECK(svc.cancellations() == 3);
+}
+
+TEST_CASE("next() from a caller cancelled before the first call starts nothing", "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::fixed(1s)});
+  std::string how;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3);
+    try {
+      co_await sluice::sleep(10s);
+    } catch (...) {
+    }
+    how = co_await sluice_test::ending_of(s.next());
+  });
+  t.poll();
+  consumer.cancel();
+  t.poll();
+  CHECK(consumer.done);
+  CHECK(how == "aborted");
+  CHECK(svc.calls() == 0);
+}
+
+TEST_CASE("close() from a caller cancelled before the call joins and closes the upstream",
+          "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service up({.latency = latency::from(
+                       [](const auto& c) -> nanoseconds { return c.index == 0 ? 100ms : 5s; })});
+  slow_service down({.latency = latency::fixed(1s)});
+  std::string how;
+  std::size_t up_at_end = 99, down_at_end = 99;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    auto s = sluice::map_unordered(
+        [&](int i) { return call(down, i); },
+        sluice::map_unordered([&](int i) { return call(up, i); }, iota_vec(100), 8), 2);
+    auto first = co_await s.next();  // at 1.1 s
+    CHECK(first == 0);
+    try {
+      co_await sluice::sleep(10s);  // a timeout fires while the consumer works: 1.5 s
+    } catch (...) {
+    }
+    how = co_await sluice_test::ending_of(s.close());
+    up_at_end = up.in_flight();
+    down_at_end = down.in_flight();
+  });
+  t.loop.run_for(1500ms);
+  CHECK(up.in_flight() > 0);
+  consumer.cancel();
+  t.poll();
+  CHECK(consumer.done);
+  CHECK(how == "ok");  // the cancellation came before: the close itself is complete
+  CHECK(up_at_end == 0);
+  CHECK(down_at_end == 0);
+  CHECK(t.loop.now() == 1500ms);
+}
+
+TEST_CASE("close() refused by Asio for a cancelled caller still stops the tasks at once",
+          "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::from(
+                        [](const auto& c) -> nanoseconds { return c.index == 0 ? 1s : 5s; })});
+  std::optional<sluice::stream<int>> s;
+  bool refused = false;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    s.emplace(sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3));
+    co_await s->next();
+    try {
+      co_await sluice::sleep(10s);  // cancelled at 1.5 s
+    } catch (...) {
+    }
+    try {
+      co_await s->close();  // throw_if_cancelled is on: Asio throws before close() can wait
+    } catch (const sluice::system_error&) {
+      refused = true;
+    }
+  });
+  t.loop.run_for(1500ms);
+  CHECK(svc.in_flight() == 3);
+  consumer.cancel();
+  t.poll();
+  CHECK(refused);
+  CHECK(svc.in_flight() == 0);  // cancelled when close() was called, though not awaited
+  CHECK(svc.cancellations() == 3);
+  t.loop.run([&]() -> asio::awaitable<void> { co_await s->close(); });
+}
+
+TEST_CASE("a stream destroyed with tasks running says so on stderr, once", "[stream]") {
+  virtual_loop loop;
+  slow_service svc({.latency = latency::fixed(1s)});
+  slow_service slow({.latency = latency::from(
+                         [](const auto& c) -> nanoseconds { return c.index == 0 ? 1s : 5s; })});
+  std::string running, drained, closed;
+  loop.run([&]() -> asio::awaitable<void> {
+    {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(3), 2);
+      while (co_await s.next()) {
+      }
+      sluice_test::stderr_capture cap;
+      { auto gone = std::move(s); }
+      drained = cap.text();
+    }
+    {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(9), 3);
+      co_await s.next();
+      co_await s.close();
+      sluice_test::stderr_capture cap;
+      { auto gone = std::move(s); }
+      closed = cap.text();
+    }
+    auto s = sluice::map_unordered([&](int i) { return call(slow, i); }, iota_vec(9), 3);
+    co_await s.next();  // 1 and 2 still run
+    sluice_test::stderr_capture cap;
+    { auto gone = std::move(s); }
+    running = cap.text();
+  });
+  CHECK(drained.empty());
+  CHECK(closed.empty());
+#if SLUICE_STREAM_CHECKS
+  CHECK(std::count(running.begin(), running.end(), '\n') == 1);
+  CHECK(running.find("sluice::for_each") != std::string::npos);
+  CHECK(running.find("co_await s.close()") != std::string::npos);
+#else
+  CHECK(running.empty());
+#endif
 }

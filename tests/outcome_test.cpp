@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
 #include <sluice/outcome.hpp>
+#include <sluice/testing/slow_service.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -45,4 +46,38 @@ TEST_CASE("an outcome can hold a move-only value and move it out", "[outcome]") 
   std::unique_ptr<int> p = std::move(r).value();
   REQUIRE(p);
   CHECK(*p == 7);
+}
+
+TEST_CASE("error_as tells a throttle from another failure without a rethrow ladder", "[outcome]") {
+  using sluice::testing::service_error;
+  using sluice::testing::throttled_error;
+  sluice::outcome<int> throttled =
+      std::make_exception_ptr(throttled_error("429 too many requests", 3, "alice"));
+  sluice::outcome<int> failed = std::make_exception_ptr(service_error("500 boom", 4, "bob"));
+  sluice::outcome<int> other = std::make_exception_ptr(std::out_of_range("nope"));
+  sluice::outcome<int> ok = 42;
+
+  const throttled_error* t = throttled.error_as<throttled_error>();
+  REQUIRE(t != nullptr);
+  CHECK(t->index() == 3);
+  CHECK(t->key() == "alice");
+  CHECK(throttled.error_as<throttled_error>() == t);  // the held object, not a copy
+  CHECK(throttled.error_as<service_error>() == t);    // a base type matches too
+  CHECK(throttled.error_as<std::exception>() != nullptr);
+
+  CHECK(failed.error_as<throttled_error>() == nullptr);
+  REQUIRE(failed.error_as<service_error>() != nullptr);
+  CHECK(failed.error_as<service_error>()->key() == "bob");
+  CHECK(other.error_as<service_error>() == nullptr);
+  CHECK(other.error_as<std::logic_error>() != nullptr);
+  CHECK(ok.error_as<std::exception>() == nullptr);
+}
+
+TEST_CASE("error_as on outcome<void> is null on success and for another type", "[outcome]") {
+  sluice::outcome<void> ok;
+  sluice::outcome<void> bad = std::make_exception_ptr(std::runtime_error("bad"));
+  CHECK(ok.error_as<std::exception>() == nullptr);
+  CHECK(bad.error_as<std::logic_error>() == nullptr);
+  REQUIRE(bad.error_as<std::runtime_error>() != nullptr);
+  CHECK(std::string(bad.error_as<std::runtime_error>()->what()) == "bad");
 }

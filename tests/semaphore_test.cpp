@@ -19,7 +19,6 @@
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -398,33 +397,7 @@ TEST_CASE("destroying a semaphore with waiters completes them with operation_abo
 }
 
 #if SLUICE_AFFINITY_CHECKS
-TEST_CASE("the affinity check accepts the loop thread and flags another thread",
-          "[semaphore][affinity]") {
-  asio::io_context ctx;
-  sluice::detail::affinity a;
-  a.bind(ctx.get_executor());
-  CHECK_FALSE(a.violated());  // set-up before the loop ran it
-  asio::post(ctx, [&] { CHECK_FALSE(a.violated()); });
-  std::thread loop_thread([&] { ctx.run(); });
-  loop_thread.join();
-  CHECK(a.violated());  // the loop ran it on loop_thread, this is another thread
-}
-
 #if SLUICE_TEST_CAN_FORK
-TEST_CASE("a semaphore used from a thread that is not running its loop aborts naming it",
-          "[semaphore][affinity]") {
-  auto r = sluice_test::run_in_child([] {
-    asio::io_context ctx;
-    sluice::semaphore sem{ctx.get_executor(), 1};
-    asio::post(ctx, [&] { (void)sem.try_acquire(); });
-    std::thread t([&] { ctx.run(); });
-    t.join();
-    sem.release();  // main thread, while the loop belongs to t
-  });
-  CHECK(r.aborted);
-  CHECK(r.stderr_text.find("sluice::semaphore") != std::string::npos);
-}
-
 TEST_CASE("the loop thread may keep using a primitive between runs", "[semaphore][affinity]") {
   auto r = sluice_test::run_in_child([] {
     sluice::testing::virtual_loop loop;

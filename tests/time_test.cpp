@@ -3,6 +3,7 @@
 #include <sluice/time.hpp>
 
 #include <support/asio.hpp>
+#include <support/lifetime.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -135,4 +136,63 @@ TEST_CASE("sleep works on a strand, a reference-counted executor", "[time]") {
   }
   loop.run_for(2s);
   CHECK(woke == 3);
+}
+
+TEST_CASE("a sleep cancelled after the loop returned is freed with the loop", "[time]") {
+  using sluice_test::lifetime_counter;
+  const int before = lifetime_counter::live();
+  asio::cancellation_signal cancel;  // outlives the loop: the frame's slot points into it
+  bool completed = false;
+  {
+    virtual_loop loop;
+    asio::co_spawn(
+        loop.get_executor(),
+        []() -> asio::awaitable<void> {
+          lifetime_counter in_frame;
+          co_await sluice::sleep(10s);
+        },
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr) { completed = true; }));
+    loop.run([]() -> asio::awaitable<void> { co_await sluice::sleep(1s); });
+    REQUIRE(lifetime_counter::live() == before + 1);  // still sleeping
+    cancel.emit(asio::cancellation_type::terminal);   // its completion is posted, never run
+    CHECK(lifetime_counter::live() == before + 1);
+  }
+  CHECK(lifetime_counter::live() == before);  // the frame died with the loop (LSan: no leak)
+  CHECK_FALSE(completed);
+}
+
+TEST_CASE("a co-spawned sleep ends on partial cancellation only when the filter lets it through",
+          "[time]") {
+  const bool widened = GENERATE(false, true);
+  virtual_loop loop;
+  asio::cancellation_signal cancel;
+  std::exception_ptr error;
+  bool done = false;
+  asio::co_spawn(
+      loop.get_executor(),
+      [widened]() -> asio::awaitable<void> {
+        if (widened) {
+          co_await asio::this_coro::reset_cancellation_state(asio::enable_partial_cancellation());
+        }
+        co_await sluice::sleep(10s);
+      },
+      sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr e) {
+        error = e;
+        done = true;
+      }));
+  loop.run_for(2s);
+  REQUIRE_FALSE(done);
+  cancel.emit(asio::cancellation_type::partial);
+  loop.poll();
+  if (widened) {
+    REQUIRE(done);  // ended at once, at t = 2 s
+    CHECK(loop.now() == 2s);
+    CHECK_THROWS_AS(std::rethrow_exception(error), sluice::system_error);
+  } else {
+    CHECK_FALSE(done);  // Asio's default filter drops partial cancellation
+    loop.run_for(8s);
+    REQUIRE(done);
+    CHECK_FALSE(error);
+    CHECK(loop.now() == 10s);
+  }
 }

@@ -52,6 +52,19 @@ using task_executor_t = typename detail::awaitable_traits<std::remove_cvref_t<A>
 template <class R>
 concept task_range = std::ranges::input_range<R> && task<std::ranges::range_value_t<R>>;
 
+namespace detail {
+// A range of tasks stored elsewhere and only lent out: a container passed as
+// an lvalue, a span or a view of one (its elements are lvalues the caller can
+// still reach). A fan-out would move each awaitable out, and an awaitable
+// runs only once; such a range must be passed as an rvalue instead. A lazy
+// range that makes each task on dereference (its reference type is not an
+// lvalue reference) is fine as an lvalue.
+template <class R>
+concept lends_stored_tasks = std::ranges::borrowed_range<R> &&
+    std::is_lvalue_reference_v<std::ranges::range_reference_t<R>> &&
+    task<std::ranges::range_value_t<R>>;
+}  // namespace detail
+
 /// An asynchronous source: `next()` returns `asio::awaitable<std::optional<U>>`,
 /// empty at the end. `sluice::stream<T>` is one.
 ///

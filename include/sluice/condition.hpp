@@ -69,12 +69,10 @@ class condition {
   template <class Executor>
   requires(asio::execution::is_executor<Executor>::value ||
            asio::is_executor<Executor>::value) explicit condition(const Executor& ex)
-      : owned_(std::make_unique<sluice::lock>(ex)), lock_(owned_.get()) {
-    affinity_.bind(lock_->core_.executor());
-  }
+      : owned_(std::make_unique<sluice::lock>(ex)), lock_(owned_.get()) {}
 
   /// A condition sharing `l`, which must outlive it.
-  explicit condition(sluice::lock& l) : lock_(&l) { affinity_.bind(lock_->core_.executor()); }
+  explicit condition(sluice::lock& l) : lock_(&l) {}
 
   condition(const condition&) = delete;
   condition& operator=(const condition&) = delete;
@@ -97,10 +95,13 @@ class condition {
   /// `system_error(operation_aborted)` when cancelled, in both cases with
   /// the lock held again.
   [[nodiscard]] asio::awaitable<void> wait() {
-    if (!lock_->locked()) {
-      throw std::logic_error("sluice::condition::wait: the lock is not held");
+    if constexpr (detail::affinity::enabled) checker().bind(co_await asio::this_coro::executor);
+    {
+      const auto in = checker().enter("sluice::condition");
+      if (!lock_->locked()) {
+        throw std::logic_error("sluice::condition::wait: the lock is not held");
+      }
     }
-    affinity_.check("sluice::condition");
     auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     // The condition may be destroyed while this coroutine is suspended (with it
@@ -119,8 +120,7 @@ class condition {
       failure = std::current_exception();
     }
     if (owns_lock && alive.expired()) {
-      if (!failure)
-        failure = std::make_exception_ptr(system_error(asio::error::operation_aborted));
+      if (!failure) failure = std::make_exception_ptr(system_error(asio::error::operation_aborted));
       std::rethrow_exception(failure);
     }
     // Re-acquire even when cancelled: disable throw_if_cancelled meanwhile,
@@ -140,7 +140,10 @@ class condition {
       // Notified, then cancelled before it could return: cancellation wins
       // and the notification goes to the next waiter, if there still is a
       // condition to have one.
-      if (!alive.expired()) wake(1);
+      if (!alive.expired()) {
+        const auto in = checker().enter("sluice::condition");
+        wake(1);
+      }
       throw system_error(asio::error::operation_aborted);
     }
   }
@@ -156,10 +159,10 @@ class condition {
   /// the lock is released and it gets it. Throws `std::logic_error` if the
   /// lock is not held.
   void notify(std::size_t n = 1) {
+    const auto in = checker().enter("sluice::condition");
     if (!lock_->locked()) {
       throw std::logic_error("sluice::condition::notify: the lock is not held");
     }
-    affinity_.check("sluice::condition");
     wake(n);
   }
 
@@ -172,6 +175,9 @@ class condition {
   [[nodiscard]] std::size_t max_waiters() const noexcept { return waiters_.max_size(); }
 
  private:
+  // The debug loop-affinity check: the lock's (one loop, one check).
+  detail::affinity& checker() noexcept { return lock_->core_.checker(); }
+
   void wake(std::size_t n) {
     for (; n > 0; --n) {
       detail::waiter_node* w = waiters_.pop_front();
@@ -184,7 +190,8 @@ class condition {
     return asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
         [this](auto&& handler) {
           const auto& ex = lock_->core_.executor();
-          affinity_.bind(asio::get_associated_executor(handler, ex));
+          checker().bind(asio::get_associated_executor(handler, ex));
+          const auto in = checker().enter("sluice::condition");
           detail::start_wait<detail::wait_op, detail::deliver_nothing>(
               std::forward<decltype(handler)>(handler), ex, "sluice::condition::wait", waiters_,
               false, true);
@@ -197,7 +204,6 @@ class condition {
   // Expires with the condition; suspended wait()s hold a weak_ptr to it.
   std::shared_ptr<const bool> alive_ = std::make_shared<const bool>(true);
   detail::waiter_list waiters_;
-  [[no_unique_address]] detail::affinity affinity_;
 };
 
 }  // namespace sluice

@@ -18,9 +18,12 @@
 ///   signatures then read `boost::asio::awaitable<T>` and
 ///   `boost::system::error_code`: sluice names Asio only through the aliases
 ///   `sluice::asio`, `sluice::error_code` and `sluice::system_error`.
-/// - `SLUICE_AFFINITY_CHECKS`: 1 to check in primitives that they are used from
-///   the thread running their loop (aborts with a message naming the primitive).
-///   Defaults to 1 when `NDEBUG` is not defined, 0 otherwise.
+/// - `SLUICE_AFFINITY_CHECKS`: 1 to check in primitives that they are used
+///   serially from their loop: no two threads inside at once, no io_context
+///   run by several threads without a strand, no use from another thread while
+///   the loop runs (aborts with a message naming the primitive; see
+///   `sluice::semaphore`). Defaults to 1 when `NDEBUG` is not defined, 0
+///   otherwise, which compiles the checks out entirely.
 
 #if defined(SLUICE_USE_BOOST_ASIO)
 // ---- Boost.Asio backend -------------------------------------------------

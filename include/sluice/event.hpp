@@ -61,7 +61,7 @@ class event {
 
   /// Sets the flag and wakes every waiter (each through a post).
   void set() {
-    affinity_.check("sluice::event");
+    const auto in = affinity_.enter("sluice::event");
     if (set_) return;
     set_ = true;
     while (detail::waiter_node* n = waiters_.pop_front()) {
@@ -71,7 +71,7 @@ class event {
 
   /// Clears the flag; later waits suspend until the next `set()`.
   void clear() {
-    affinity_.check("sluice::event");
+    const auto in = affinity_.enter("sluice::event");
     set_ = false;
   }
 
@@ -85,8 +85,8 @@ class event {
   auto async_wait(CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler) {
-          affinity_.check("sluice::event");
           affinity_.bind(asio::get_associated_executor(handler, ex_));
+          const auto in = affinity_.enter("sluice::event");
           detail::start_wait<detail::wait_op, detail::deliver_nothing>(
               std::forward<decltype(handler)>(handler), ex_, "sluice::event::async_wait", waiters_,
               set_, true);
@@ -96,7 +96,11 @@ class event {
 
   /// Waits until the flag is set; does not suspend if it already is.
   [[nodiscard]] asio::awaitable<void> wait() {
-    if (set_) co_return;
+    if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
+    {
+      const auto in = affinity_.enter("sluice::event");
+      if (set_) co_return;
+    }
     co_await async_wait(asio::use_awaitable);
   }
 

@@ -178,6 +178,12 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
 // and returns the awaitable call.
 template <bool Settle, class R>
 auto start_gather(std::size_t limit, R&& r) {
+  static_assert(
+      !lends_stored_tasks<R>,
+      "sluice::gather / gather_with_concurrency: `tasks` holds stored "
+      "asio::awaitable<T>s and is passed as an lvalue, but an awaitable runs only once and "
+      "would be moved out of it: pass std::move(tasks) (or a lazy range that makes each "
+      "task when it is dereferenced).");
   auto s = std::make_shared<gather_state<R, Settle>>(std::forward<R>(r));
   if constexpr (gather_state<R, Settle>::store_results &&
                 std::ranges::sized_range<std::remove_reference_t<R>>)
@@ -276,7 +282,9 @@ inline constexpr bool dependent_false = false;
 ///   `std::invalid_argument` before anything starts.
 ///
 /// Lifetimes: an rvalue range is moved into the call; an lvalue range is used
-/// in place and must outlive the awaited call.
+/// in place and must outlive the awaited call. A container of stored
+/// awaitables must be moved in (`std::move(tasks)`: an awaitable runs once);
+/// only a lazy range that makes each task on dereference may be an lvalue.
 ///
 /// @code
 /// std::vector<asio::awaitable<place>> searches;

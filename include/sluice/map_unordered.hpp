@@ -216,6 +216,14 @@ auto make_map_stream(F fn, In&& in, std::size_t limit) {
     throw std::invalid_argument("sluice::map_unordered: limit must be at least 1 (got 0)");
   using core = map_core<F, In, Settle>;
   using types = map_types<F, In, Settle>;
+  if constexpr (!fan_out_input_traits<In>::is_async) {
+    static_assert(
+        !lends_stored_tasks<In>,
+        "sluice::as_completed / map_unordered: the input holds stored "
+        "asio::awaitable<T>s and is passed as an lvalue, but an awaitable runs only once and "
+        "would be moved out of it: pass std::move(tasks) (or a lazy range that makes "
+        "each task when it is dereferenced).");
+  }
   if constexpr (fan_out_input_traits<In>::is_async) {
     static_assert(
         std::is_same_v<
@@ -291,11 +299,14 @@ void report_map_misuse() {
 /// element is moved out of the range and into `fn`, whose task is awaited
 /// before the element is destroyed.
 ///
+/// Consume the stream with `sluice::for_each`, which waits for every task on
+/// every way out (see `sluice::stream` for the hazard of a hand-written loop).
+///
 /// @code
-/// auto sizes = sluice::map_unordered(
-///     [&](std::string key) { return store.size_of(std::move(key)); }, keys, 5);
-/// while (std::optional<std::size_t> n = co_await sizes.next())
-///   total += *n;
+/// co_await sluice::for_each(
+///     sluice::map_unordered([&](std::string key) { return store.size_of(std::move(key)); },
+///                           keys, 5),
+///     [&](std::size_t n) { total += n; });
 /// @endcode
 template <class F, class In>
 requires fan_out_function<F, In>
@@ -311,9 +322,8 @@ requires fan_out_function<F, In>
 /// Cancelling the consumer still cancels every running task.
 ///
 /// @code
-/// auto results = sluice::map_unordered(fetch, urls, 8, sluice::return_exceptions);
-/// while (auto r = co_await results.next())
-///   if (!*r) log(r->error());
+/// co_await sluice::for_each(sluice::map_unordered(fetch, urls, 8, sluice::return_exceptions),
+///                           [&](sluice::outcome<page> r) { if (!r) log(r.error()); });
 /// @endcode
 template <class F, class In>
 requires fan_out_function<F, In>
@@ -335,8 +345,8 @@ requires(!fan_out_function<F, In>) void map_unordered(F, In&&, std::size_t,
 ///
 /// @code
 /// std::vector<asio::awaitable<reply>> calls = make_calls();
-/// auto replies = sluice::as_completed(std::move(calls), 4);
-/// while (auto r = co_await replies.next()) handle(*r);
+/// co_await sluice::for_each(sluice::as_completed(std::move(calls), 4),
+///                           [&](reply r) { handle(r); });
 /// @endcode
 template <class In>
 requires fan_out_function<detail::take_task, In>

@@ -12,6 +12,26 @@
 
 namespace sluice {
 
+namespace detail {
+
+// The exception `e` holds, if it is an `E` (or derived from it); null otherwise.
+// On the Itanium C++ ABI (g++, clang++) std::rethrow_exception throws the
+// object the exception_ptr owns, not a copy, so the pointer stays valid as
+// long as an exception_ptr to it exists.
+template <class E>
+const E* exception_as(const std::exception_ptr& e) noexcept {
+  if (!e) return nullptr;
+  try {
+    std::rethrow_exception(e);
+  } catch (const E& x) {
+    return &x;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+}  // namespace detail
+
 /// Tag type of `sluice::return_exceptions`.
 struct return_exceptions_t {
   explicit constexpr return_exceptions_t() = default;
@@ -32,7 +52,9 @@ inline constexpr return_exceptions_t return_exceptions{};
 /// exception it threw.
 ///
 /// Never empty. `value()` rethrows the stored exception; `error()` is null when
-/// a value is held.
+/// a value is held; `error_as<E>()` gives the exception as an `E` (null when a
+/// value is held or the exception is of another type), so a throttle can be told
+/// from a failure without a rethrow-and-catch ladder.
 ///
 /// @code
 /// sluice::outcome<int> r = 42;
@@ -77,6 +99,21 @@ class outcome {
     return has_value() ? nullptr : std::get<1>(state_);
   }
 
+  /// The stored exception as an `E` (an exception of type `E` or derived from
+  /// it), or null when a value is held or the exception is of another type.
+  /// The pointer refers to the exception object this outcome holds: valid while
+  /// the outcome (or a copy of `error()`) lives. Costs one rethrow per call.
+  ///
+  /// @code
+  /// for (auto& r : results)
+  ///   if (auto* t = r.template error_as<sluice::testing::throttled_error>())
+  ///   retry_later(t->what());
+  /// @endcode
+  template <class E>
+  [[nodiscard]] const E* error_as() const noexcept {
+    return has_value() ? nullptr : detail::exception_as<E>(std::get<1>(state_));
+  }
+
  private:
   static std::exception_ptr check(std::exception_ptr e) {
     if (!e) throw std::invalid_argument("sluice::outcome: null exception_ptr");
@@ -109,6 +146,11 @@ class outcome<void> {
     if (error_) std::rethrow_exception(error_);
   }
   [[nodiscard]] std::exception_ptr error() const noexcept { return error_; }
+  /// The stored exception as an `E`, or null (see `outcome<T>::error_as`).
+  template <class E>
+  [[nodiscard]] const E* error_as() const noexcept {
+    return detail::exception_as<E>(error_);
+  }
 
  private:
   std::exception_ptr error_;

@@ -79,10 +79,19 @@ struct put_node : wait_op {
   explicit put_node(T&& v) : item(std::move(v)) {}
 };
 
+// A getter that completes without an error has an item, unless an immediate
+// shutdown dropped the item handed to it before it resumed: it then fails
+// with shut_down, as a Python getter that wakes to a shut-down, empty queue.
+template <class T>
+void check_not_dropped(const get_node<T>& n, error_code& ec) {
+  if (!ec && !n.item) ec = queue_errc::shut_down;
+}
+
 // Delivers the item as T (value-initialized on error).
 template <class T>
 struct deliver_item {
-  std::tuple<T> operator()(get_node<T>& n, error_code) const {
+  std::tuple<T> operator()(get_node<T>& n, error_code& ec) const {
+    check_not_dropped(n, ec);
     if (n.item) return std::tuple<T>(std::move(*n.item));
     return std::tuple<T>(T{});
   }
@@ -91,7 +100,8 @@ struct deliver_item {
 // Delivers the item as std::optional<T> (no default constructor needed).
 template <class T>
 struct deliver_optional {
-  std::tuple<std::optional<T>> operator()(get_node<T>& n, error_code) const {
+  std::tuple<std::optional<T>> operator()(get_node<T>& n, error_code& ec) const {
+    check_not_dropped(n, ec);
     return std::tuple<std::optional<T>>(std::move(n.item));
   }
 };
@@ -113,6 +123,15 @@ struct deliver_optional {
 /// `immediate = true` also drops the items (counting each as done for
 /// `join()`), so waiting and later gets fail at once.
 ///
+/// An item handed to a getter that has not resumed yet still belongs to the
+/// queue, as in Python, where it would still be in the queue: a plain
+/// shutdown lets the getter have it (it drains); an immediate shutdown drops
+/// it, counts it as done at once (`unfinished_tasks()` falls, `join()` wakes),
+/// and the getter fails with `queue_shut_down` (or `operation_aborted` if its
+/// coroutine was also cancelled). Exception: a `use_future` getter (its
+/// completion runs on Asio's system pool, off the loop) receives its item at
+/// the hand-off, so no shutdown takes it back.
+///
 /// What resumes where: `get()` / `put()` that need not wait do not suspend.
 /// Waiters are never resumed inside another call; each completion is posted to
 /// the handler's associated executor (a coroutine's own), or to the queue's
@@ -125,8 +144,10 @@ struct deliver_optional {
 /// then completes successfully with it, and `get()` whose coroutine was
 /// cancelled before it resumed puts it back at the front or hands it to the
 /// next getter, then throws `operation_aborted`; the queue may then briefly
-/// hold one item more than `maxsize`). A cancelled putter is removed and its
-/// item is dropped; a putter whose item already went in completes successfully.
+/// hold one item more than `maxsize`). A `get()` cancelled before it resumed
+/// throws `operation_aborted` whatever else happened meanwhile (a shutdown).
+/// A cancelled putter is removed and its item is dropped; a putter whose item
+/// already went in completes successfully.
 ///
 /// Throws: `task_done()` more often than items were put throws
 /// `std::logic_error`. Destroying a queue with waiters completes them with
@@ -161,6 +182,9 @@ class queue {
   queue(const queue&) = delete;
   queue& operator=(const queue&) = delete;
   ~queue() {
+    // Getters handed an item keep it; their completions no longer refer to us.
+    while (handed_.pop_front() != nullptr) {
+    }
     detail::abort_all(getters_);
     detail::abort_all(putters_);
     detail::abort_all(joiners_);
@@ -168,20 +192,11 @@ class queue {
 
   /// Puts `value` if that needs no wait: returns false when full. Throws
   /// `queue_shut_down` after `shutdown()`.
-  [[nodiscard]] bool try_put(T value) {
-    affinity_.check("sluice::queue");
-    if (shut_down_) throw queue_shut_down("sluice::queue::try_put: the queue was shut down");
-    return put_now(value);
-  }
+  [[nodiscard]] bool try_put(T value) { return try_put_value(value, "sluice::queue::try_put"); }
 
   /// Takes the oldest item if there is one; empty when there is none. Throws
   /// `queue_shut_down` when the queue is shut down and empty.
-  [[nodiscard]] std::optional<T> try_get() {
-    affinity_.check("sluice::queue");
-    if (!items_.empty()) return take_front();
-    if (shut_down_) throw queue_shut_down("sluice::queue::try_get: the queue was shut down");
-    return std::nullopt;
-  }
+  [[nodiscard]] std::optional<T> try_get() { return try_take("sluice::queue::try_get"); }
 
   /// Puts `value`, waiting for room. Completion signature
   /// `void(error_code)`: `queue_errc::shut_down` if the queue is (or gets)
@@ -191,8 +206,8 @@ class queue {
   auto async_put(T value, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler, T v) {
-          affinity_.check("sluice::queue");
           affinity_.bind(asio::get_associated_executor(handler, ex_));
+          const auto in = affinity_.enter("sluice::queue");
           using node = detail::put_node<T>;
           if (shut_down_) {
             start_failed<node, detail::deliver_nothing>(std::forward<decltype(handler)>(handler),
@@ -216,7 +231,8 @@ class queue {
   /// Throws `queue_shut_down` after `shutdown()`, and
   /// `system_error(operation_aborted)` if cancelled before the item went in.
   [[nodiscard]] asio::awaitable<void> put(T value) {
-    if (try_put_value(value)) co_return;
+    if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
+    if (try_put_value(value, "sluice::queue::put")) co_return;
     error_code ec;
     co_await async_put(std::move(value), asio::redirect_error(asio::use_awaitable, ec));
     if (ec == queue_errc::shut_down) {
@@ -244,11 +260,8 @@ class queue {
   /// one. Throws `queue_shut_down` when shut down and empty, and
   /// `system_error(operation_aborted)` if cancelled (no item is lost).
   [[nodiscard]] asio::awaitable<T> get() {
-    if (!items_.empty()) {
-      affinity_.check("sluice::queue");
-      co_return *take_front();
-    }
-    if (shut_down_) throw queue_shut_down("sluice::queue::get: the queue was shut down");
+    if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
+    if (std::optional<T> ready = try_take("sluice::queue::get")) co_return std::move(*ready);
     auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     error_code ec;
@@ -260,21 +273,24 @@ class queue {
                   std::forward<decltype(handler)>(handler), "sluice::queue::get");
             },
             token);
+    if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+      // Cancelled before it resumed: cancellation wins (Python's CancelledError).
+      // Only an item actually received is given back; after an error (a
+      // shutdown, a destroyed queue) `this` is not touched.
+      if (!ec) give_back(std::move(*item));
+      throw system_error(asio::error::operation_aborted);
+    }
     if (ec == queue_errc::shut_down) {
       throw queue_shut_down("sluice::queue::get: the queue was shut down");
     }
     if (ec) throw system_error(ec);
-    if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
-      give_back(std::move(*item));
-      throw system_error(asio::error::operation_aborted);
-    }
     co_return std::move(*item);
   }
 
   /// Marks one item taken earlier as processed. Throws `std::logic_error` if
   /// called more times than items were put.
   void task_done() {
-    affinity_.check("sluice::queue");
+    const auto in = affinity_.enter("sluice::queue");
     if (unfinished_ == 0) {
       throw std::logic_error(
           "sluice::queue::task_done: called more times than there were items put");
@@ -289,8 +305,8 @@ class queue {
   auto async_join(CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler) {
-          affinity_.check("sluice::queue");
           affinity_.bind(asio::get_associated_executor(handler, ex_));
+          const auto in = affinity_.enter("sluice::queue");
           detail::start_wait<detail::wait_op, detail::deliver_nothing>(
               std::forward<decltype(handler)>(handler), ex_, "sluice::queue::async_join", joiners_,
               unfinished_ == 0, true);
@@ -301,20 +317,29 @@ class queue {
   /// Waits until every item put has been marked done; does not suspend if
   /// none is unfinished.
   [[nodiscard]] asio::awaitable<void> join() {
-    if (unfinished_ == 0) co_return;
+    if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
+    {
+      const auto in = affinity_.enter("sluice::queue");
+      if (unfinished_ == 0) co_return;
+    }
     co_await async_join(asio::use_awaitable);
   }
 
   /// Shuts the queue down (Python 3.13): later puts fail, waiting putters fail,
   /// gets drain what is left and then fail with `queue_shut_down`.
-  /// `immediate` drops the items now, counting each as done for `join()`.
+  /// `immediate` drops the items now, counting each as done for `join()`,
+  /// including items handed to getters that have not resumed yet (those
+  /// getters fail with `queue_shut_down`).
   void shutdown(bool immediate = false) {
-    affinity_.check("sluice::queue");
+    const auto in = affinity_.enter("sluice::queue");
     shut_down_ = true;
     if (immediate) {
-      immediate_ = true;
       while (!items_.empty()) {
         items_.pop_front();
+        if (unfinished_ > 0) --unfinished_;
+      }
+      while (detail::waiter_node* n = handed_.pop_front()) {
+        static_cast<detail::get_node<T>*>(n)->item.reset();
         if (unfinished_ > 0) --unfinished_;
       }
       if (unfinished_ == 0) wake_joiners();
@@ -357,10 +382,8 @@ class queue {
   bool put_now(T& v) {
     if (detail::waiter_node* n = getters_.pop_front()) {
       // A getter waits only while the queue is empty: hand the item over.
-      auto* g = static_cast<detail::get_node<T>*>(n);
-      g->item.emplace(std::move(v));
       ++unfinished_;
-      g->complete(error_code{});
+      hand_over(n, std::move(v));
       return true;
     }
     if (full()) return false;
@@ -369,10 +392,22 @@ class queue {
     return true;
   }
 
-  bool try_put_value(T& v) {
-    affinity_.check("sluice::queue");
-    if (shut_down_) throw queue_shut_down("sluice::queue::put: the queue was shut down");
+  // try_put / put without waiting; `what` names the caller in the exception.
+  bool try_put_value(T& v, const char* what) {
+    const auto in = affinity_.enter("sluice::queue");
+    if (shut_down_)
+      throw queue_shut_down((std::string(what) + ": the queue was shut down").c_str());
     return put_now(v);
+  }
+
+  // try_get / get without waiting: the oldest item, none if empty; throws
+  // when shut down and empty.
+  std::optional<T> try_take(const char* what) {
+    const auto in = affinity_.enter("sluice::queue");
+    if (!items_.empty()) return take_front();
+    if (shut_down_)
+      throw queue_shut_down((std::string(what) + ": the queue was shut down").c_str());
+    return std::nullopt;
   }
 
   // Precondition: !items_.empty().
@@ -391,16 +426,21 @@ class queue {
     return v;
   }
 
+  // Gives `v` to the getter `n` (unlinked). Until the getter resumes, the
+  // item stays in handed_, where an immediate shutdown can still drop it.
+  void hand_over(detail::waiter_node* n, T&& v) {
+    auto* g = static_cast<detail::get_node<T>*>(n);
+    g->item.emplace(std::move(v));
+    handed_.push_back(g);
+    g->complete_deferred(error_code{});
+  }
+
   // An item granted to a get() whose coroutine was cancelled before resuming.
+  // (An immediate shutdown since the hand-off would have dropped it instead.)
   void give_back(T&& v) {
-    if (immediate_) {
-      if (unfinished_ > 0 && --unfinished_ == 0) wake_joiners();
-      return;
-    }
+    const auto in = affinity_.enter("sluice::queue");
     if (detail::waiter_node* n = getters_.pop_front()) {
-      auto* g = static_cast<detail::get_node<T>*>(n);
-      g->item.emplace(std::move(v));
-      g->complete(error_code{});
+      hand_over(n, std::move(v));
       return;
     }
     items_.push_front(std::move(v));
@@ -408,13 +448,15 @@ class queue {
 
   template <class Deliver, class Handler>
   void initiate_get(Handler&& handler, const char* what) {
-    affinity_.check("sluice::queue");
     affinity_.bind(asio::get_associated_executor(handler, ex_));
+    const auto in = affinity_.enter("sluice::queue");
     using node = detail::get_node<T>;
     if (!items_.empty()) {
       detail::require_executor<std::decay_t<Handler>>(ex_, what);
-      detail::start_wait<node, Deliver>(std::forward<Handler>(handler), ex_, what, getters_, true,
-                                        true, std::move(*take_front()));
+      // Handed over at once, through the same path as a waiting getter.
+      detail::wait_op* op = detail::start_wait<node, Deliver>(
+          std::forward<Handler>(handler), ex_, what, handed_, false, false, *take_front());
+      op->complete_deferred(error_code{});
       return;
     }
     if (shut_down_) {
@@ -445,10 +487,11 @@ class queue {
   detail::waiter_list getters_;
   detail::waiter_list putters_;
   detail::waiter_list joiners_;
+  // Getters handed an item whose handler has not run yet (deferred completions).
+  detail::waiter_list handed_;
   std::size_t maxsize_;
   std::size_t unfinished_ = 0;
   bool shut_down_ = false;
-  bool immediate_ = false;
   [[no_unique_address]] detail::affinity affinity_;
 };
 

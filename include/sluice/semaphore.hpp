@@ -43,16 +43,25 @@ namespace sluice {
 /// Destroying a semaphore that still has waiters completes them with
 /// `operation_aborted`. Outstanding permits must not outlive it.
 ///
-/// Loop-affine, not thread-safe. With `SLUICE_AFFINITY_CHECKS` (debug builds)
-/// every primitive (lock, semaphore, event, condition, queue) checks each
-/// mutating or waiting call: once it knows its `asio::io_context` (from the
-/// executor it was built with, else from the first waiting handler's
-/// executor: io_context executors, strands of them, or an `any_io_executor`
-/// holding either), a call from a thread that is not running that io_context,
-/// other than the thread that last ran it, aborts with a message naming the
-/// primitive. Set-up before the loop first runs, and use from the loop's own
-/// thread between `run()` calls, are accepted; destructors and the const
-/// diagnostics are not checked.
+/// Loop-affine, not thread-safe: use it from one thread, or from one strand
+/// when the io_context runs on several threads. With `SLUICE_AFFINITY_CHECKS`
+/// (debug builds; compiled out with `NDEBUG`) every primitive (lock,
+/// semaphore, event, condition, queue) checks each mutating or waiting call,
+/// once it knows its `asio::io_context`: from the executor it was built with,
+/// else from the first awaiting coroutine or waiting handler (io_context
+/// executors, strands of them, or an `any_io_executor` holding either; a strand
+/// seen there is remembered). It aborts with a message naming the primitive
+/// when (1) two threads are inside it at once, (2) two different threads that
+/// both run its io_context use it outside its strand (an io_context run by
+/// several threads with no strand), or (3) a thread that does not run the loop
+/// uses it while the loop, not stopped, last used it from another thread.
+/// Accepted: any thread inside the strand; set-up before the loop first uses
+/// it; the loop's own thread between `run()` calls; any thread once the loop
+/// is stopped (reading after the loop's threads were joined). Also flagged,
+/// since they cannot be told from a race: an io_context run by thread A and
+/// later by thread B without a strand, and another thread's call after the
+/// loop's thread left `poll()` / `run_for()` with work pending. Destructors
+/// and the const diagnostics (`value()`, `waiters()`, ...) are not checked.
 ///
 /// @code
 /// sluice::semaphore sem{5};                 // at most 5 calls in flight

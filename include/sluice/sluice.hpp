@@ -11,7 +11,8 @@
 #include <sluice/concepts.hpp>
 #include <sluice/outcome.hpp>
 
-// Fan-out: gather, gather_with_concurrency, map_unordered, as_completed
+// Fan-out: gather, gather_with_concurrency, map_unordered, as_completed, for_each
+#include <sluice/for_each.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/map_unordered.hpp>
 #include <sluice/stream.hpp>

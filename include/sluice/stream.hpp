@@ -8,10 +8,22 @@
 #include <sluice/detail/asio.hpp>
 
 #include <cstddef>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <type_traits>
 #include <utility>
+
+/// `SLUICE_STREAM_CHECKS`: 1 to have `~stream` write one line to stderr when a
+/// stream is destroyed while its tasks still run (see `sluice::stream`).
+/// Defaults to 1 when `NDEBUG` is not defined, 0 otherwise.
+#if !defined(SLUICE_STREAM_CHECKS)
+#if defined(NDEBUG)
+#define SLUICE_STREAM_CHECKS 0
+#else
+#define SLUICE_STREAM_CHECKS 1
+#endif
+#endif
 
 namespace sluice {
 
@@ -32,26 +44,34 @@ struct stream_access {
 /// `sluice::as_completed`), read one at a time, in completion order.
 ///
 /// A stream is lazy and bounded: nothing starts before the first `next()`,
-/// and at most `limit` inputs are taken and not yet given back, counting tasks
-/// that run and results that finished but were not read yet; a result the
-/// consumer got from `next()` holds its slot until the consumer calls `next()`
-/// again. Tasks keep running while the consumer is busy, but no new input is
-/// pulled until it reads. It is itself an asynchronous source, so stages chain.
+/// and at most `limit` inputs are taken and not yet read, counting tasks that
+/// run and results that finished but were not handed out yet. A result is read
+/// when `next()` returns it: its slot goes to the next input at once, so the
+/// next task runs while the consumer works on the result. Tasks keep running
+/// while the consumer is busy, but no new input is pulled while `limit`
+/// results wait unread. It is itself an asynchronous source, so stages chain.
 ///
 /// Move-only; one consumer at a time. Loop-affine: use it from the thread (or
 /// strand) that runs its consumer; its tasks run on the executor of the
 /// coroutine that first calls `next()`.
 ///
-/// Lifetimes: the stream's state is shared with its running tasks, so
-/// destroying the stream early is safe. The destructor does not wait: it
-/// requests cancellation of the running tasks (terminal), drops unread results
-/// and returns; the tasks wind down on the loop. `co_await close()` does the
-/// same and returns once they have finished.
+/// Lifetimes — the hazard: a destructor cannot wait. Destroying a stream whose
+/// tasks still run requests their cancellation (terminal), drops unread
+/// results and returns at once; the tasks wind down later on the loop. If the
+/// mapping function uses anything of the consumer's frame (a `[&]` lambda, a
+/// local `sluice::semaphore`), those tasks resume after it was destroyed: a
+/// use-after-free. Leaving a `while (co_await s.next())` loop by `break`, by an
+/// exception or by a cancellation does exactly that. Consume a stream with
+/// `sluice::for_each(std::move(s), body)`, which closes the stream and waits
+/// for every task on every way out, or `co_await s.close()` before the stream
+/// goes out of scope. Debug builds (`SLUICE_STREAM_CHECKS`) write one line to
+/// stderr when a stream is destroyed with tasks still running. The stream's
+/// own state is shared with its tasks, so sluice itself never dangles.
 ///
 /// @code
-/// sluice::stream<page> pages = sluice::map_unordered(fetch, urls, 8);
-/// while (std::optional<page> p = co_await pages.next())
-///   index(*p);  // in completion order; at most 8 fetches in flight
+/// co_await sluice::for_each(sluice::map_unordered(fetch, urls, 8), [&](page p) {
+///   index(p);  // in completion order; at most 8 fetches in flight
+/// });          // every fetch has finished here, on every way out
 /// @endcode
 template <class T, class Executor>
 class stream {
@@ -78,8 +98,20 @@ class stream {
     return *this;
   }
   /// Requests cancellation of the running tasks and drops unread results,
-  /// without waiting (see the class comment).
-  ~stream() { abandon(); }
+  /// without waiting for them (see the class comment: use `sluice::for_each`
+  /// or `co_await close()` first). With `SLUICE_STREAM_CHECKS`, writes one
+  /// line to stderr if tasks were still running.
+  ~stream() {
+#if SLUICE_STREAM_CHECKS
+    if (core_ && core_->busy())
+      std::fputs(
+          "sluice: a stream was destroyed while its tasks still run; they are cancelled but "
+          "not awaited and may use freed locals: consume it with sluice::for_each(std::move(s), "
+          "body) or co_await s.close() before it goes out of scope\n",
+          stderr);
+#endif
+    abandon();
+  }
 
   /// The next result, in completion order, or an empty optional once every
   /// input was processed (or the stream was closed or has failed).
@@ -96,7 +128,10 @@ class stream {
   /// coroutine while it waits closes the stream: the running tasks are
   /// cancelled, `next()` waits until all of them have finished and then throws
   /// `system_error` with `asio::error::operation_aborted`. Later calls
-  /// yield nothing (or a task's failure that came first).
+  /// yield nothing (or a task's failure that came first). A caller whose
+  /// cancellation was requested before the call (with `throw_if_cancelled`
+  /// on, Asio throws at the `co_await` itself) gets a result already waiting;
+  /// with none ready, the stream is closed the same way before it throws.
   ///
   /// Before `next()` reports a failure or a cancellation, an owned
   /// asynchronous source that has `close()` (an upstream stage) is closed and
@@ -114,17 +149,28 @@ class stream {
   /// asynchronous source that has `close()` is closed too. Afterwards `next()`
   /// yields nothing.
   ///
-  /// Per-Operation Cancellation: cancelling the caller still cancels every
-  /// task, still waits for them, then throws `operation_aborted`.
+  /// The stop happens when `close()` is called; the wait when it is awaited.
+  ///
+  /// Per-Operation Cancellation: cancelling the caller while it waits still
+  /// waits for every task, then throws `operation_aborted`. A caller whose
+  /// cancellation was requested earlier and that turned `throw_if_cancelled`
+  /// off gets the full wait and a normal return. (With `throw_if_cancelled`
+  /// on, Asio throws at the `co_await` before anything can wait: the tasks are
+  /// cancelled but not awaited. `sluice::for_each` turns it off for you.)
   [[nodiscard]] asio::awaitable<void, Executor> close() {
     if (!core_) return empty_close();
+    core_->abandon();
     return core_type::close(core_);
   }
 
   /// Tasks running now (diagnostics).
-  [[nodiscard]] std::size_t running() const noexcept { return core_ ? core_->running() : 0; }
+  [[nodiscard]] std::size_t running() const noexcept {
+    return core_ ? core_->running() : 0;
+  }
   /// Results finished and not read yet (diagnostics).
-  [[nodiscard]] std::size_t ready() const noexcept { return core_ ? core_->ready() : 0; }
+  [[nodiscard]] std::size_t ready() const noexcept {
+    return core_ ? core_->ready() : 0;
+  }
 
  private:
   friend struct detail::stream_access;
@@ -135,8 +181,12 @@ class stream {
   void abandon() noexcept {
     if (core_) std::exchange(core_, nullptr)->abandon();
   }
-  static asio::awaitable<std::optional<T>, Executor> empty_next() { co_return std::nullopt; }
-  static asio::awaitable<void, Executor> empty_close() { co_return; }
+  static asio::awaitable<std::optional<T>, Executor> empty_next() {
+    co_return std::nullopt;
+  }
+  static asio::awaitable<void, Executor> empty_close() {
+    co_return;
+  }
 
   std::shared_ptr<core_type> core_;
 };

@@ -50,8 +50,17 @@ struct virtual_sleep_op final : virtual_timer_node {
     }
   }
 
+  struct fire_aborted {
+    void operator()(virtual_sleep_op* o) const { do_fire(o, true, asio::error::operation_aborted); }
+  };
+  struct fire_dropped {
+    void operator()(virtual_sleep_op* o) const noexcept { do_fire(o, false, error_code{}); }
+  };
+
   // Installed in the handler's cancellation slot. It must not clear the slot
   // it runs from, so it unschedules the timer and completes it from a post.
+  // The post owns the operation: if the loop is destroyed before it runs, the
+  // operation and its handler (the coroutine frames) are destroyed with it.
   struct cancel_handler {
     explicit cancel_handler(virtual_sleep_op* o) noexcept : op(o) {}
     virtual_sleep_op* op;
@@ -60,7 +69,7 @@ struct virtual_sleep_op final : virtual_timer_node {
                    asio::cancellation_type::total)) == asio::cancellation_type::none)
         return;
       if (!op->svc.cancel(op)) return;  // already fired or already cancelled
-      asio::post(op->ex, [o = op] { do_fire(o, true, asio::error::operation_aborted); });
+      asio::post(op->ex, owning_post<virtual_sleep_op, fire_aborted, fire_dropped>(op));
     }
   };
 
@@ -118,9 +127,24 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
 
 /// Waits until `deadline` on the clock of the awaiting coroutine's executor.
 ///
-/// Resumes on the coroutine's executor. Per-Operation Cancellation: terminal,
-/// partial and total cancellation end the wait at once with
-/// `asio::error::operation_aborted` (thrown as `system_error`).
+/// Resumes on the coroutine's executor. Throws `system_error` with
+/// `asio::error::operation_aborted` when cancelled.
+///
+/// Per-Operation Cancellation: the wait itself ends at once on terminal,
+/// partial or total cancellation, but it only sees what the awaiting
+/// coroutine's cancellation state lets through, and the state of a coroutine
+/// started with `asio::co_spawn` passes terminal cancellation only (Asio's
+/// default filter). So by default only terminal cancellation ends a sleep; a
+/// partial or total request leaves it running. To let them through, widen
+/// the filter in the coroutine:
+/// `co_await asio::this_coro::reset_cancellation_state(asio::enable_partial_cancellation());`
+/// (or `enable_total_cancellation()`).
+///
+/// Why sluice does not widen it itself: the filter belongs to the whole
+/// coroutine, not to one wait; resetting it from inside `sleep` would change
+/// how every other operation of the caller reacts, and Asio keeps partial and
+/// total off by default because most coroutines cannot honour their "nothing
+/// happened" guarantees.
 [[nodiscard]] inline asio::awaitable<void> sleep_until(clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
   co_await detail::wait_until(ex, detail::find_virtual_clock(ex), deadline);

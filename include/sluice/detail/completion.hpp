@@ -27,6 +27,28 @@ void post_completion(Handler&& handler, const Executor& fallback, Args&&... args
   });
 }
 
+// Owns an operation between a post and the run of the posted function.
+// operator() hands the operation to `Run{}(op)`, which completes it. If the
+// execution context is destroyed before the post runs (a loop stopped with a
+// cancellation pending), the destructor hands it to `Drop{}(op)` instead,
+// which must destroy the operation and its handler (and with it, say, a
+// coroutine frame) without running it: nothing leaks. Run and Drop are
+// stateless function objects taking Op*; Drop must not throw.
+template <class Op, class Run, class Drop>
+class owning_post {
+ public:
+  explicit owning_post(Op* op) noexcept : op_(op) {}
+  owning_post(owning_post&& other) noexcept : op_(std::exchange(other.op_, nullptr)) {}
+  owning_post& operator=(owning_post&&) = delete;
+  ~owning_post() {
+    if (op_ != nullptr) Drop{}(op_);
+  }
+  void operator()() { Run{}(std::exchange(op_, nullptr)); }
+
+ private:
+  Op* op_;
+};
+
 // A type-erased, move-only completion handler for signature void(Args...).
 // Invariant: holds at most one handler; complete() consumes it.
 template <class... Args>

@@ -32,7 +32,7 @@ class permit_core {
   ~permit_core() { abort_all(waiters_); }
 
   bool try_acquire() {
-    affinity_.check(name_);
+    const auto in = affinity_.enter(name_);
     if (value_ > 0 && waiters_.empty()) {
       --value_;
       return true;
@@ -41,7 +41,7 @@ class permit_core {
   }
 
   void release(const char* over_release_message) {
-    affinity_.check(name_);
+    const auto in = affinity_.enter(name_);
     if (waiter_node* n = waiters_.pop_front()) {
       static_cast<wait_op*>(n)->complete(error_code{});
       return;
@@ -52,8 +52,8 @@ class permit_core {
 
   template <class Handler>
   void initiate(Handler&& handler, bool cancellable) {
-    affinity_.check(name_);
     affinity_.bind(asio::get_associated_executor(handler, ex_));
+    const auto in = affinity_.enter(name_);
     const bool ready = value_ > 0 && waiters_.empty();
     start_wait<wait_op, deliver_nothing>(std::forward<Handler>(handler), ex_, name_, waiters_,
                                          ready, cancellable);
@@ -73,6 +73,7 @@ class permit_core {
   // but whose coroutine was cancelled before it resumed hands the permit on and
   // throws operation_aborted, as if the cancellation had come first.
   asio::awaitable<void> acquire() {
+    if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
     auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
@@ -87,6 +88,7 @@ class permit_core {
   // re-acquires its lock even when cancelled). The caller disables
   // throw_if_cancelled around the co_await.
   asio::awaitable<void> acquire_uncancellable() {
+    if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
     co_await async_acquire(asio::use_awaitable, false);
   }
@@ -97,6 +99,8 @@ class permit_core {
   [[nodiscard]] bool locked() const noexcept { return value_ == 0 || !waiters_.empty(); }
   [[nodiscard]] const asio::any_io_executor& executor() const noexcept { return ex_; }
   [[nodiscard]] const char* name() const noexcept { return name_; }
+  // The loop-affinity check, shared with a condition that waits with this lock.
+  [[nodiscard]] affinity& checker() noexcept { return affinity_; }
 
  private:
   const char* name_;

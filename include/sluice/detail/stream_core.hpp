@@ -26,8 +26,9 @@ namespace sluice::detail {
 // next(), so nothing dangles when the stream goes away first.
 //
 // Slots: used_ counts inputs taken and not yet given back: tasks being pulled
-// or running, finished results in buffer_, and the result the consumer holds
-// (held_) until it calls next() again. A worker takes a slot before it pulls;
+// or running, and finished results in buffer_ (unread). next() gives a slot
+// back the moment it hands a result out, so the next input starts while the
+// consumer works on that result. A worker takes a slot before it pulls;
 // used_ <= limit_ always, which is the stream's backpressure.
 //
 // Workers: at most limit_ are ever spawned (spawned_); live_ of them have not
@@ -55,6 +56,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
 
   [[nodiscard]] std::size_t running() const noexcept { return running_; }
   [[nodiscard]] std::size_t ready() const noexcept { return buffer_.size(); }
+  // True while a task runs or an input is being pulled: what may still touch
+  // the consumer's state (a parked worker touches nothing when it wakes).
+  [[nodiscard]] bool busy() const noexcept { return running_ != 0 || pulling_; }
 
   // ---- consumer side -------------------------------------------------------
 
@@ -62,8 +66,17 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     if (c->consumer_)
       throw std::logic_error(
           "sluice::stream::next: another next() is still waiting; a stream has one consumer");
-    c->release_held();
+    // A caller whose cancellation was requested before this call (only
+    // possible with throw_if_cancelled(false): Asio throws at the co_await
+    // otherwise) starts nothing, and is otherwise treated as one cancelled
+    // while it waits: a result already waiting is still handed out.
+    const auto state = co_await asio::this_coro::cancellation_state;
+    const bool cancelled = state.cancelled() != asio::cancellation_type::none;
     if (!c->started_ && !c->stopping_) {
+      if (cancelled) {
+        c->abandon();
+        throw system_error(asio::error::operation_aborted, "sluice::stream::next");
+      }
       c->ex_.emplace(co_await asio::this_coro::executor);
       c->started_ = true;
       c->spawn();
@@ -73,13 +86,14 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       if (!c->buffer_.empty()) {
         std::optional<T> out(std::move(c->buffer_.front()));
         c->buffer_.pop_front();
-        if (!c->stopping_) c->held_ = true;
+        // Read: its slot goes to the next input at once.
+        c->give_back_slot();
         co_return out;
       }
       if (c->finished()) break;
       // Named token: g++ 12 may destroy a co_await operand's temporaries twice.
       auto wait_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
-      co_await c->async_wait(wait_token);
+      co_await c->async_wait(cancelled, wait_token);
       if (ec) break;
     }
     // Stopped (a failure, a cancelled consumer): an owned upstream stage may
@@ -96,18 +110,21 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     co_return std::nullopt;
   }
 
+  // The stream has already been stopped (abandon()) by stream::close(). The
+  // join and the close of the input run with throw_if_cancelled off, so a
+  // caller whose cancellation was already requested still waits for every
+  // task and closes the upstream. Only a cancellation that arrives while it
+  // waits is reported (operation_aborted, after the wait).
   static asio::awaitable<void, Executor> close(std::shared_ptr<stream_core> c) {
     c->abandon();
     auto ex = co_await asio::this_coro::executor;
+    const bool was = co_await asio::this_coro::throw_if_cancelled();
+    co_await asio::this_coro::throw_if_cancelled(false);
     error_code ec;
     auto join_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
     co_await c->children_->async_join(ex, join_token);
-    if (!c->input_shut_) {
-      const bool was = co_await asio::this_coro::throw_if_cancelled();
-      co_await asio::this_coro::throw_if_cancelled(false);
-      co_await shut_input(c);
-      co_await asio::this_coro::throw_if_cancelled(was);
-    }
+    if (!c->input_shut_) co_await shut_input(c);
+    co_await asio::this_coro::throw_if_cancelled(was);
     if (ec) throw system_error(ec, "sluice::stream::close");
   }
 
@@ -118,7 +135,6 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   void abandon(bool keep_error = false) {
     stop();
     buffer_.clear();
-    held_ = false;
     if (!keep_error) error_ = nullptr;
   }
 
@@ -160,7 +176,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   void task_started() { ++running_; }
   void task_ended() { --running_; }
 
-  // A finished task's result (the slot stays taken until the consumer moves on).
+  // A finished task's result (its slot stays taken until next() hands it out).
   template <class... A>
   void deliver(A&&... a) {
     if (stopping_) {
@@ -232,12 +248,6 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     }
   }
 
-  void release_held() {
-    if (!held_) return;
-    held_ = false;
-    give_back_slot();
-  }
-
   void wake_all() {
     while (!parked_.empty()) {
       ++waking_;
@@ -254,28 +264,34 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   }
 
   // The waiter inside next(): completes when a result is buffered or the
-  // stream finished; a cancelled consumer stops the stream and completes with
+  // stream finished; a cancelled consumer (cancelled while it waits, or
+  // already before: cancel_now) stops the stream and completes with
   // operation_aborted once every worker has left.
   template <class Token>
-  auto async_wait(Token&& token) {
+  auto async_wait(bool cancel_now, Token&& token) {
     return asio::async_initiate<Token, void(error_code)>(
-        [this](auto handler) {
+        [this, cancel_now](auto handler) {
           auto slot = asio::get_associated_cancellation_slot(handler);
-          if (slot.is_connected()) {
+          if (slot.is_connected() && !cancel_now) {
             slot.assign([this](asio::cancellation_type type) {
               if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
                            asio::cancellation_type::total)) == asio::cancellation_type::none)
                 return;
-              if (consumer_cancelled_) return;
-              consumer_cancelled_ = true;
-              abandon(true);
-              // Never complete from inside the slot's own handler.
-              asio::post(*ex_, [self = this->shared_from_this()] { self->notify_consumer(); });
+              cancel_consumer();
             });
           }
           consumer_ = erased_handler<error_code>(std::move(handler), *ex_);
+          if (cancel_now) cancel_consumer();
         },
         token);
+  }
+
+  void cancel_consumer() {
+    if (consumer_cancelled_) return;
+    consumer_cancelled_ = true;
+    abandon(true);
+    // Never complete from inside the slot's own handler (or the initiation).
+    asio::post(*ex_, [self = this->shared_from_this()] { self->notify_consumer(); });
   }
 
   void notify_consumer() {
@@ -302,7 +318,6 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   std::size_t live_ = 0;
   std::size_t waking_ = 0;
   bool started_ = false;
-  bool held_ = false;
   bool pulling_ = false;
   bool exhausted_ = false;
   bool stopping_ = false;

@@ -88,15 +88,25 @@ class waiter_list {
 // (a queue item) live in derived node types. complete() unlinks nothing: the
 // caller has already removed the node from its list. It posts the handler and
 // destroys the operation.
+//
+// complete_deferred() posts the operation itself instead: it stays alive until
+// its handler is about to run, and only then is its payload delivered. Until
+// then the caller may link the node into a list of its own (a queue's items
+// handed to getters that have not resumed) and change the payload; the node
+// is unlinked before delivery, and when the loop drops the post. Handlers that
+// do not complete on the loop (use_future) are completed at once instead
+// (unlinked first): check `owner` after the call to know which happened.
 struct wait_op : waiter_node {
-  void (*complete_fn)(wait_op*, error_code) = nullptr;
-  void complete(error_code ec) { complete_fn(this, ec); }
+  void (*complete_fn)(wait_op*, error_code, bool deferred) = nullptr;
+  void complete(error_code ec) { complete_fn(this, ec, false); }
+  void complete_deferred(error_code ec) { complete_fn(this, ec, true); }
 };
 
-// Delivery policy: what follows the error code in the completion.
+// Delivery policy: what follows the error code in the completion. It may
+// change the error code (a queue item dropped after its hand-off).
 struct deliver_nothing {
   template <class Node>
-  std::tuple<> operator()(Node&, error_code) const noexcept {
+  std::tuple<> operator()(Node&, error_code&) const noexcept {
     return {};
   }
 };
@@ -108,6 +118,21 @@ struct no_executor {};
 template <class Handler>
 inline constexpr bool has_own_executor =
     !std::is_same_v<typename asio::associated_executor<Handler, no_executor>::type, no_executor>;
+
+// True if the handler completes on an io_context's loop, where the primitive
+// lives: its associated executor (or the primitive's, when it has none) is an
+// any_io_executor (what coroutines carry), an io_context executor, or a strand
+// of either. False for use_future's executor (Asio's system pool) and other
+// foreign executors: a deferred completion must not touch the primitive from
+// there, so such a handler is completed at once instead.
+template <class Handler>
+inline constexpr bool completes_on_loop = [] {
+  using ex = typename asio::associated_executor<Handler, asio::any_io_executor>::type;
+  using io = asio::io_context::executor_type;
+  return std::is_same_v<ex, asio::any_io_executor> || std::is_same_v<ex, io> ||
+         std::is_same_v<ex, asio::strand<io>> ||
+         std::is_same_v<ex, asio::strand<asio::any_io_executor>>;
+}();
 
 // Throws if a handler has nowhere to run. `what` names the operation.
 template <class Handler>
@@ -152,8 +177,10 @@ class handler_op final : public Node {
     if (slot.is_connected()) slot.template emplace<cancel_handler>(this);
   }
 
-  // Destroys a pending, unlinked operation without running its handler.
+  // Destroys a pending operation without running its handler, unlinking it
+  // first if it is linked (a deferred completion the loop dropped).
   static void discard(handler_op* op) noexcept {
+    if (op->owner != nullptr) op->owner->erase(op);
     auto slot = asio::get_associated_cancellation_slot(op->handler_);
     if (slot.is_connected()) slot.clear();
     destroy(op);
@@ -180,11 +207,18 @@ class handler_op final : public Node {
     asio::recycling_allocator<handler_op>().deallocate(op, 1);
   }
 
-  static void do_complete(wait_op* base, error_code ec) {
+  static void do_complete(wait_op* base, error_code ec, bool deferred) {
     auto* op = static_cast<handler_op*>(base);
     // Clear the slot first: the cancellation handler points at this op.
     auto slot = asio::get_associated_cancellation_slot(op->handler_);
     if (slot.is_connected()) slot.clear();
+    if (deferred && completes_on_loop<Handler>) {
+      op->result_ = ec;
+      auto ex = asio::get_associated_executor(op->handler_, op->fallback());
+      asio::post(ex, deferred_completion(op));
+      return;
+    }
+    if (op->owner != nullptr) op->owner->erase(op);  // a deferral that was refused
     auto args = Deliver{}(static_cast<Node&>(*op), ec);
     Handler h(std::move(op->handler_));
     auto ex = op->fallback();
@@ -197,16 +231,28 @@ class handler_op final : public Node {
   }
 
   // Owns an aborted operation until its completion runs (or the loop drops it).
-  struct aborter {
-    handler_op* op;
-    explicit aborter(handler_op* o) noexcept : op(o) {}
-    aborter(aborter&& other) noexcept : op(std::exchange(other.op, nullptr)) {}
-    aborter& operator=(aborter&&) = delete;
-    ~aborter() {
-      if (op != nullptr) discard(op);
-    }
-    void operator()() { std::exchange(op, nullptr)->complete(asio::error::operation_aborted); }
+  struct complete_aborted {
+    void operator()(handler_op* op) const { op->complete(asio::error::operation_aborted); }
   };
+  struct discard_op {
+    void operator()(handler_op* op) const noexcept { discard(op); }
+  };
+  using aborter = owning_post<handler_op, complete_aborted, discard_op>;
+
+  // Runs a deferred completion: on the handler's executor already, so the
+  // handler is invoked here, after the payload is delivered.
+  struct run_deferred {
+    void operator()(handler_op* op) const {
+      if (op->owner != nullptr) op->owner->erase(op);
+      error_code ec = op->result_;
+      auto args = Deliver{}(static_cast<Node&>(*op), ec);
+      Handler h(std::move(op->handler_));
+      destroy(op);
+      std::apply([&](auto&&... a) { std::move(h)(ec, std::forward<decltype(a)>(a)...); },
+                 std::move(args));
+    }
+  };
+  using deferred_completion = owning_post<handler_op, run_deferred, discard_op>;
 
   // Runs from the handler's cancellation slot. It may neither clear that slot
   // nor destroy the op inline, so it unlinks the waiter (after which nothing
@@ -227,6 +273,7 @@ class handler_op final : public Node {
 
   Handler handler_;
   [[no_unique_address]] fallback_type fallback_{};
+  error_code result_{};  // a deferred completion's error code
 };
 
 // Completes every waiter in `list` with operation_aborted (a primitive is
@@ -238,20 +285,22 @@ inline void abort_all(waiter_list& list) {
 }
 
 // Starts one wait on `list`, or completes it at once (through a post) if
-// `ready` is true. `what` names the operation for the executor error.
+// `ready` is true. `what` names the operation for the executor error. Returns
+// the operation when it waits, null when it completed.
 template <class Node, class Deliver, class Handler, class... NodeArgs>
-void start_wait(Handler&& handler, const asio::any_io_executor& fallback, const char* what,
-                waiter_list& list, bool ready, bool cancellable, NodeArgs&&... args) {
+wait_op* start_wait(Handler&& handler, const asio::any_io_executor& fallback, const char* what,
+                    waiter_list& list, bool ready, bool cancellable, NodeArgs&&... args) {
   using op_type = handler_op<std::decay_t<Handler>, Node, Deliver>;
   require_executor<std::decay_t<Handler>>(fallback, what);
   op_type* op =
       op_type::create(std::forward<Handler>(handler), fallback, std::forward<NodeArgs>(args)...);
   if (ready) {
     op->complete(error_code{});
-    return;
+    return nullptr;
   }
   list.push_back(op);
   if (cancellable) op->arm_cancellation();
+  return op;
 }
 
 }  // namespace sluice::detail

@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_FOR_EACH_HPP
+#define SLUICE_FOR_EACH_HPP
+
+#include <sluice/concepts.hpp>
+#include <sluice/config.hpp>
+#include <sluice/stream.hpp>
+
+#include <sluice/detail/asio.hpp>
+
+#include <concepts>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+namespace sluice {
+
+namespace detail {
+
+// What a for_each body may return: void, bool, awaitable<void> or
+// awaitable<bool> on the stream's executor.
+template <class R, class Executor>
+concept for_each_result = std::is_void_v<R> || std::is_same_v<R, bool> ||
+    std::is_same_v<R, asio::awaitable<void, Executor>> ||
+    std::is_same_v<R, asio::awaitable<bool, Executor>>;
+
+template <class>
+inline constexpr bool for_each_misuse = false;
+
+}  // namespace detail
+
+/// A body `sluice::for_each` can run for each result of a `stream<T, Executor>`:
+/// callable with a `T` (an rvalue) and returning `void`, `bool`,
+/// `asio::awaitable<void, Executor>` or `asio::awaitable<bool, Executor>`
+/// (`false` stops early).
+template <class Body, class T, class Executor = asio::any_io_executor>
+concept for_each_body =
+    std::invocable<Body&, T> && detail::for_each_result<std::invoke_result_t<Body&, T>, Executor>;
+
+namespace detail {
+
+template <class S>
+struct stream_traits {
+  static constexpr bool value = false;
+};
+template <class T, class Executor>
+struct stream_traits<stream<T, Executor>> {
+  static constexpr bool value = true;
+  using value_type = T;
+  using executor_type = Executor;
+};
+
+// A well-formed for_each(s, body): a non-const stream rvalue and a body for it.
+template <class S, class Body>
+concept for_each_call =
+    std::is_rvalue_reference_v<S&&> && !std::is_const_v<std::remove_reference_t<S>> &&
+    stream_traits<std::remove_cvref_t<S>>::value &&
+    for_each_body<Body, typename stream_traits<std::remove_cvref_t<S>>::value_type,
+                  typename stream_traits<std::remove_cvref_t<S>>::executor_type>;
+
+template <class T, class Executor, class Body>
+asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
+  using result = std::invoke_result_t<Body&, T>;
+  std::exception_ptr error;
+  try {
+    for (;;) {
+      // A caller cancelled before the call (with throw_if_cancelled off) or
+      // while the body ran stops here; with it on, Asio throws at next().
+      const auto state = co_await asio::this_coro::cancellation_state;
+      if (state.cancelled() != asio::cancellation_type::none)
+        throw system_error(asio::error::operation_aborted, "sluice::for_each");
+      std::optional<T> r = co_await s.next();
+      if (!r) break;
+      bool go_on = true;
+      if constexpr (std::is_void_v<result>) {
+        std::invoke(body, std::move(*r));
+      } else if constexpr (std::is_same_v<result, bool>) {
+        go_on = std::invoke(body, std::move(*r));
+      } else if constexpr (std::is_same_v<result, asio::awaitable<void, Executor>>) {
+        auto step = std::invoke(body, std::move(*r));
+        co_await std::move(step);
+      } else {
+        auto step = std::invoke(body, std::move(*r));
+        go_on = co_await std::move(step);
+      }
+      if (!go_on) break;
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // Every way out: stop the stream and wait for every task, even if this
+  // coroutine's cancellation was requested (throw_if_cancelled off). The
+  // body's (or the stream's) exception wins over the close's.
+  const bool was = co_await asio::this_coro::throw_if_cancelled();
+  co_await asio::this_coro::throw_if_cancelled(false);
+  try {
+    co_await s.close();
+  } catch (...) {
+    if (!error) error = std::current_exception();
+  }
+  co_await asio::this_coro::throw_if_cancelled(was);
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace detail
+
+/// Runs `body(value)` for every result of `s`, in completion order, and
+/// returns once the stream is done *and every task it started has finished*:
+/// the scoped way to consume a `sluice::stream`.
+///
+/// `body` returns `void`, `bool`, `asio::awaitable<void>` or
+/// `asio::awaitable<bool>`; `false` stops early. It runs on the awaiting
+/// coroutine's executor, one result at a time (an awaitable body is awaited
+/// before the next result is read; the stream's tasks keep running meanwhile,
+/// bounded by its limit).
+///
+/// On every way out — the end of the stream, `false`, an exception from the
+/// body, a failure of the stream, cancellation of the caller — `for_each`
+/// closes the stream (no more input, running tasks cancelled, unread results
+/// dropped), waits until every task has finished, and only then returns or
+/// rethrows. So tasks that use the consumer's locals (a `[&]` mapping
+/// function, a local `sluice::semaphore`) never outlive them, which a
+/// `while (co_await s.next())` loop left by `break` or an exception does not
+/// guarantee (see `sluice::stream`).
+///
+/// Throws: the body's exception, else the stream's failure (see
+/// `stream::next()`); either wins over what the cancelled tasks throw.
+///
+/// Per-Operation Cancellation: cancelling the caller (while a body or
+/// `next()` waits, or before the call when `throw_if_cancelled` is off)
+/// cancels every task, waits for them, then throws `system_error` with
+/// `asio::error::operation_aborted`. The wait runs with `throw_if_cancelled`
+/// off, so it happens even when the cancellation came first.
+///
+/// Lifetimes: the stream and `body` are moved into the call.
+///
+/// @code
+/// sluice::semaphore backend{2};
+/// co_await sluice::for_each(
+///     sluice::map_unordered([&](int i) -> asio::awaitable<int> {
+///       auto permit = co_await backend.scoped_acquire();
+///       co_return co_await work(i);
+///     }, inputs, 4),
+///     [&](int r) { return !enough(r); });  // false: stop; nothing runs on after this line
+/// @endcode
+template <class T, class Executor, class Body>
+requires for_each_body<Body, T, Executor>
+[[nodiscard]] asio::awaitable<void, Executor> for_each(stream<T, Executor>&& s, Body body) {
+  return detail::run_for_each(std::move(s), std::move(body));
+}
+
+/// Misuse: reports a stream passed as an lvalue, something that is not a
+/// stream, or a body of the wrong shape, in one line.
+template <class S, class Body>
+requires(!detail::for_each_call<S, Body>) void for_each(S&&, Body) {
+  using traits = detail::stream_traits<std::remove_cvref_t<S>>;
+  if constexpr (!traits::value) {
+    static_assert(detail::for_each_misuse<S>,
+                  "sluice::for_each(s, body): `s` must be a sluice::stream (from "
+                  "sluice::map_unordered or sluice::as_completed).");
+  } else if constexpr (!std::is_rvalue_reference_v<S&&> ||
+                       std::is_const_v<std::remove_reference_t<S>>) {
+    static_assert(detail::for_each_misuse<S>,
+                  "sluice::for_each takes the stream by value, because it closes it: pass "
+                  "std::move(s), or the sluice::map_unordered(...) call itself.");
+  } else {
+    static_assert(detail::for_each_misuse<S>,
+                  "sluice::for_each(s, body): `body(value)` must take the stream's value type "
+                  "and return void, bool, asio::awaitable<void> or asio::awaitable<bool> "
+                  "(false stops early).");
+  }
+}
+
+}  // namespace sluice
+
+#endif  // SLUICE_FOR_EACH_HPP
