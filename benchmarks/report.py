@@ -176,9 +176,12 @@ def targets(t, study):
         add(f"bounded makespan within 5% of ideal, real time, {what} (worst "
             "`gather_with_concurrency` over the limits)",
             max(real) if real else None, lambda v: v <= 1.05, "{:.3f}x")
-    a, b = t.get("peak_rss/10000/peak_rss_kb"), t.get("peak_rss/10000000/peak_rss_kb")
-    add("`map_unordered` peak memory at 10M inputs / at 10k", b / a if a and b else None,
-        lambda v: v <= 1.05, "{:.3f}x")
+    # Growth during the run: the child's absolute high-water mark also counts
+    # the pages it shares with the parent at fork time, which depend on what
+    # the parent ran before.
+    a, b = t.get("peak_rss/10000/rss_growth_kb"), t.get("peak_rss/10000000/rss_growth_kb")
+    add("`map_unordered` memory growth during the run, 10M inputs vs 10k", (a, b) if a and b
+        else None, lambda v: v[1] <= 1.05 * v[0], "{0[1]:.0f} kB vs {0[0]:.0f} kB")
     calls = t.get("harness_virtual_calls/calls_per_s")
     add("harness ≥ 1 million simulated calls/s", calls / 1e6 if calls else None,
         lambda v: v >= 1, "{:.2f} million/s")
