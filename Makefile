@@ -8,7 +8,11 @@
 #   make test-boost  the whole suite on Boost.Asio (SLUICE_USE_BOOST_ASIO, g++)
 #   make tsan    the thread-crossing tests and the primitives/fan-out suites under
 #                ThreadSanitizer (g++)
-#   make bench   the benchmarks, each beside its baselines (Release)
+#   make bench   the benchmarks, each beside its baselines (Release), and the report:
+#                build/bench/report.json, tables.md, makespan.{png,svg}, ns_per_task.{png,svg}
+#   make bench-boost  the same, plus the Asio-version-dependent peers on Boost.Asio
+#   make bench-docs  bench-boost, then copies the plots to docs/ and regenerates the
+#                README's tables (the block between <!-- bench:begin/end -->)
 #   make docs    the API reference (Doxygen) under build/docs/html; fails on any warning
 #   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
 #   make fuzz    each libFuzzer target in tests/fuzz for FUZZ_SECONDS (default 60; clang)
@@ -16,14 +20,15 @@
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen redis-server libhiredis-dev pkg-config
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen redis-server libhiredis-dev pkg-config python3-matplotlib
+PYTHON   ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
 TSAN_TESTS = to_thread shared_semaphore task_group lock semaphore event condition queue gather map_unordered
 
-.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench docs fuzz fuzz-ci fuzz-build clean
+.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench bench-docs bench-boost docs fuzz fuzz-ci fuzz-build clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -77,8 +82,15 @@ tsan: deps
 bench: deps
 	$(call configure,bench,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF)
 	cmake --build build/bench -j$(JOBS)
-	@for b in build/bench/benchmarks/*_bench; do echo "== $$b"; $$b --benchmark_min_time=0.2 || exit 1; done
-	@for p in benchmarks/*_asyncio.py; do [ -f $$p ] && { echo "== $$p"; python3 $$p; }; done; true
+	$(PYTHON) benchmarks/report.py --build build/bench --out build/bench $(BENCH_ARGS)
+
+bench-docs:
+	$(MAKE) bench-boost BENCH_ARGS="--docs docs --readme README.md"
+
+bench-boost: deps
+	$(call configure,bench-boost,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_USE_BOOST_ASIO=ON)
+	cmake --build build/bench-boost -j$(JOBS) --target gather_bench primitives_bench
+	$(MAKE) bench BENCH_ARGS="--boost-build build/bench-boost $(BENCH_ARGS)"
 
 FUZZ_SECONDS    ?= 60
 FUZZ_CI_SECONDS ?= 10

@@ -1,25 +1,34 @@
 # SPDX-License-Identifier: BSL-1.0
-"""The gather benchmark's workload in Python asyncio, on this machine.
+"""gather_bench's workloads in Python asyncio, on this machine.
 
-Tasks complete immediately, as in gather_bench.cpp; prints ns per task for a
-sequential await loop, the semaphore-wrapped gather_with_concurrency users
-write (limit 8), and plain asyncio.gather.
+Both task kinds, as in gather_bench.cpp: completing at once, and suspending
+once (asyncio.sleep(0): one trip through the loop). Workloads: a sequential
+await loop (the floor), the seeds' semaphore-wrapped gather_with_concurrency
+(limits 8 and 100), and plain asyncio.gather. Prints ns per task (best of
+ROUNDS); --json PATH also writes {name: ns_per_task}.
 """
 import asyncio
+import json
+import sys
 import time
 
 N = 10_000
 ROUNDS = 5
 
 
-async def instant(x):
+async def immediate(x):
     return x + 1
 
 
-async def sequential():
+async def suspending(x):
+    await asyncio.sleep(0)
+    return x + 1
+
+
+async def floor_lazy(task):
     s = 0
     for i in range(N):
-        s += await instant(i)
+        s += await task(i)
     return s
 
 
@@ -30,28 +39,37 @@ async def gather_with_concurrency(limit, coros):
         async with sem:
             return await c
 
-    return await asyncio.gather(*(one(c) for c in coros))
+    return await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
 
 
-async def bounded():
-    return await gather_with_concurrency(8, [instant(i) for i in range(N)])
+def gwc(limit):
+    async def run(task):
+        return await gather_with_concurrency(limit, [task(i) for i in range(N)])
+    return run
 
 
-async def unbounded():
-    return await asyncio.gather(*(instant(i) for i in range(N)))
+async def gather_unbounded(task):
+    return await asyncio.gather(*(task(i) for i in range(N)))
 
 
-def measure(fn):
+def measure(fn, task):
     best = float("inf")
     for _ in range(ROUNDS):
         t0 = time.perf_counter()
-        asyncio.run(fn())
+        asyncio.run(fn(task))
         best = min(best, time.perf_counter() - t0)
     return best / N * 1e9
 
 
 if __name__ == "__main__":
-    for name, fn in [("asyncio_sequential_await", sequential),
-                     ("asyncio_gather_with_concurrency/8", bounded),
-                     ("asyncio_gather_unbounded", unbounded)]:
-        print(f"{name:40s} {measure(fn):10.1f} ns/task")
+    results = {}
+    for kind, task in [("immediate", immediate), ("suspending", suspending)]:
+        for name, fn in [(f"asyncio_floor_lazy/{kind}/{N}", floor_lazy),
+                         (f"asyncio_gwc/{kind}/8", gwc(8)),
+                         (f"asyncio_gwc/{kind}/100", gwc(100)),
+                         (f"asyncio_gather/{kind}/{N}", gather_unbounded)]:
+            results[name] = measure(fn, task)
+            print(f"{name:40s} {results[name]:10.1f} ns/task")
+    if "--json" in sys.argv:
+        with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
+            json.dump(results, f, indent=1)

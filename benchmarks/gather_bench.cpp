@@ -1,140 +1,126 @@
 // SPDX-License-Identifier: BSL-1.0
-// Per-task overhead of sluice's fan-out, each case beside its baselines in the
-// same process. Tasks complete immediately, so only the machinery is timed.
+// Per-task cost of sluice's fan-out, each case beside its baselines in the same
+// process, with both task kinds (completing at once; suspending once through a
+// post). Every name is <workload>/<task kind>/<limit or N>; the counter
+// ns_per_task is what `make bench`'s report reads.
 //
-//   sequential_co_await          for (t : tasks) co_await t;          (the floor)
-//   gather_with_concurrency/8    sluice, limit 8
-//   cospawn_per_task_semaphore/8 the pattern users port from asyncio: one
-//                                co_spawn per task behind a semaphore of 8
-//   gather_unbounded             sluice::gather over the whole range
-//   raw_cospawn_counter          hand-written: co_spawn each, count down, resume
-//   real_time_makespan           30 calls of 20-100 ms on the real-time service, limit 5:
-//                                worst makespan / ideal greedy schedule (target <= 1.05)
-//   harness_virtual_calls        simulated slow calls through gather_with_concurrency
-//                                on the virtual-time loop (calls/s)
-//
-// Ratios are in README.md; `make bench` reproduces them.
+//   floor_lazy            for (i < N) co_await task(i);  a frame made and awaited at
+//                         once: the floor every table is based on
+//   floor_vector          the same over a vector of pre-made awaitables (N frames up front)
+//   gwc_lazy / gwc_vector sluice::gather_with_concurrency(limit, tasks), lazy / vector input
+//   pool_lazy / pool_vector  hand-written: `limit` co_spawned Asio workers pulling a
+//                         shared index (the baseline for gather_with_concurrency)
+//   cospawn_semaphore     one co_spawn per task behind a naive semaphore of `limit`
+//                         (asyncio's pattern ported literally)
+//   gather_lazy / gather_vector  sluice::gather, unbounded, N tasks
+//   cospawn_counter_lazy / cospawn_counter_vector  hand-written: co_spawn each, count down
+//   cospawn_cancellable_lazy  the same with each task bound to its own cancellation
+//                         signal (what gather must pay to cancel its children)
+//   parallel_group_ranged asio::experimental::make_parallel_group(range).async_wait(
+//                         wait_for_all()) (Asio >= 1.24 only)
+//   pair_gather           co_await sluice::gather(a, b), per task
+//   pair_operators        co_await (a && b), asio::experimental::awaitable_operators
+//   pair_parallel_group   make_parallel_group(co_spawn(a), co_spawn(b)).async_wait(
+//                         wait_for_all())  (the variadic form, Asio 1.22)
+//   harness_virtual_calls one million simulated 1-5 s calls through
+//                         gather_with_concurrency(1000) in virtual time (calls/s)
 
-#include <sluice/detail/completion.hpp>
+#include "bench_common.hpp"
+
 #include <sluice/gather.hpp>
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 
-#include <support/asio.hpp>
-
-#include <benchmark/benchmark.h>
-
 #include <cstddef>
 #include <deque>
-#include <exception>
-#include <functional>
-#include <queue>
+#include <string>
 #include <vector>
 
 namespace {
 
+using namespace sluice_bench;
+using namespace asio::experimental::awaitable_operators;
+
 constexpr std::size_t tasks_per_run = 10'000;
 
-asio::awaitable<int> instant(int x) {
-  co_return x + 1;
-}
-
-std::vector<asio::awaitable<int>> make_tasks(std::size_t n) {
-  std::vector<asio::awaitable<int>> v;
-  v.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) v.push_back(instant(static_cast<int>(i)));
-  return v;
-}
-
-template <class Body>
-void run_benchmark(benchmark::State& state, Body body) {
-  asio::io_context ctx(1);
-  for (auto _ : state) {
-    asio::co_spawn(ctx, body(), [](std::exception_ptr e) {
-      if (e) std::rethrow_exception(e);
-    });
-    ctx.restart();
-    ctx.run();
-  }
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * tasks_per_run));
-  state.counters["ns_per_task"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * tasks_per_run),
-                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
-}
-
-asio::awaitable<void> await_each(std::vector<asio::awaitable<int>> tasks) {
-  long sum = 0;
-  for (auto& t : tasks) sum += co_await std::move(t);
-  benchmark::DoNotOptimize(sum);
-}
-
-void sequential_co_await(benchmark::State& state) {
-  run_benchmark(state,
-                []() -> asio::awaitable<void> { co_await await_each(make_tasks(tasks_per_run)); });
-}
-
-void gather_with_concurrency(benchmark::State& state) {
-  const auto limit = static_cast<std::size_t>(state.range(0));
-  run_benchmark(state, [limit]() -> asio::awaitable<void> {
-    auto r = co_await sluice::gather_with_concurrency(limit, make_tasks(tasks_per_run));
-    benchmark::DoNotOptimize(r.data());
+template <kind K>
+void floor_lazy(benchmark::State& state, std::size_t n) {
+  run_each_iteration(state, [n]() -> asio::awaitable<void> {
+    long sum = 0;
+    for (std::size_t i = 0; i < n; ++i) sum += co_await task<K>(static_cast<int>(i));
+    benchmark::DoNotOptimize(sum);
   });
+  per_task(state, n, K);
 }
 
-// The minimal semaphore such ports hand-roll: a count and a FIFO of handlers.
-struct naive_semaphore {
-  std::size_t count;
-  std::deque<sluice::detail::erased_handler<>> waiters;
-  asio::awaitable<void> acquire() {
-    if (count > 0) {
-      --count;
-      co_return;
-    }
-    auto ex = co_await asio::this_coro::executor;
-    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void()>(
-        [this, ex](auto h) { waiters.emplace_back(std::move(h), ex); }, asio::use_awaitable);
-  }
-  void release() {
-    if (waiters.empty()) {
-      ++count;
-      return;
-    }
-    auto h = std::move(waiters.front());
-    waiters.pop_front();
-    h.complete();
-  }
-};
+template <kind K>
+void floor_vector(benchmark::State& state, std::size_t n) {
+  run_each_iteration(state, [n]() -> asio::awaitable<void> {
+    auto tasks = vector_tasks<K>(n);
+    long sum = 0;
+    for (auto& t : tasks) sum += co_await std::move(t);
+    benchmark::DoNotOptimize(sum);
+  });
+  per_task(state, n, K);
+}
 
-// Waits until `pending` drops to zero.
-struct countdown {
-  std::size_t pending;
-  sluice::detail::erased_handler<> waiter;
-  void done() {
-    if (--pending == 0 && waiter) waiter.complete();
-  }
-  asio::awaitable<void> wait() {
-    if (pending == 0) co_return;
-    auto ex = co_await asio::this_coro::executor;
-    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void()>(
-        [this, ex](auto h) { waiter = sluice::detail::erased_handler<>(std::move(h), ex); },
-        asio::use_awaitable);
-  }
-};
+template <kind K, bool Lazy>
+void gwc(benchmark::State& state, std::size_t limit) {
+  run_each_iteration(state, [limit]() -> asio::awaitable<void> {
+    if constexpr (Lazy) {
+      auto r = co_await sluice::gather_with_concurrency(limit, lazy_tasks<K>(tasks_per_run));
+      benchmark::DoNotOptimize(r.data());
+    } else {
+      auto r = co_await sluice::gather_with_concurrency(limit, vector_tasks<K>(tasks_per_run));
+      benchmark::DoNotOptimize(r.data());
+    }
+  });
+  per_task(state, tasks_per_run, K);
+}
 
-void cospawn_per_task_semaphore(benchmark::State& state) {
-  const auto limit = static_cast<std::size_t>(state.range(0));
-  run_benchmark(state, [limit]() -> asio::awaitable<void> {
+// `limit` workers, each co_spawned, pulling the next index until none is left.
+template <kind K, bool Lazy>
+void pool(benchmark::State& state, std::size_t limit) {
+  run_each_iteration(state, [limit]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    const std::size_t n = tasks_per_run, workers = std::min(limit, n);
+    std::vector<int> results(n);
+    std::vector<asio::awaitable<int>> tasks;
+    if constexpr (!Lazy) tasks = vector_tasks<K>(n);
+    std::size_t next = 0;
+    countdown left{workers, {}};
+    for (std::size_t w = 0; w < workers; ++w) {
+      asio::co_spawn(
+          ex,
+          [&]() -> asio::awaitable<void> {
+            for (std::size_t i; (i = next++) < n;) {
+              if constexpr (Lazy)
+                results[i] = co_await task<K>(static_cast<int>(i));
+              else
+                results[i] = co_await std::move(tasks[i]);
+            }
+          },
+          [&](std::exception_ptr) { left.done(); });
+    }
+    co_await left.wait();
+    benchmark::DoNotOptimize(results.data());
+  });
+  per_task(state, tasks_per_run, K);
+}
+
+template <kind K>
+void cospawn_semaphore(benchmark::State& state, std::size_t limit) {
+  run_each_iteration(state, [limit]() -> asio::awaitable<void> {
     auto ex = co_await asio::this_coro::executor;
     naive_semaphore sem{limit, {}};
     countdown left{tasks_per_run, {}};
     std::vector<int> results(tasks_per_run);
-    auto tasks = make_tasks(tasks_per_run);
     for (std::size_t i = 0; i < tasks_per_run; ++i) {
       asio::co_spawn(
           ex,
           [&, i]() -> asio::awaitable<void> {
             co_await sem.acquire();
-            results[i] = co_await std::move(tasks[i]);
+            results[i] = co_await task<K>(static_cast<int>(i));
             sem.release();
           },
           [&](std::exception_ptr) { left.done(); });
@@ -142,23 +128,34 @@ void cospawn_per_task_semaphore(benchmark::State& state) {
     co_await left.wait();
     benchmark::DoNotOptimize(results.data());
   });
+  per_task(state, tasks_per_run, K);
 }
 
-void gather_unbounded(benchmark::State& state) {
-  run_benchmark(state, []() -> asio::awaitable<void> {
-    auto r = co_await sluice::gather(make_tasks(tasks_per_run));
-    benchmark::DoNotOptimize(r.data());
+template <kind K, bool Lazy>
+void gather_unbounded(benchmark::State& state, std::size_t n) {
+  run_each_iteration(state, [n]() -> asio::awaitable<void> {
+    if constexpr (Lazy) {
+      auto r = co_await sluice::gather(lazy_tasks<K>(n));
+      benchmark::DoNotOptimize(r.data());
+    } else {
+      auto r = co_await sluice::gather(vector_tasks<K>(n));
+      benchmark::DoNotOptimize(r.data());
+    }
   });
+  per_task(state, n, K);
 }
 
-void raw_cospawn_counter(benchmark::State& state) {
-  run_benchmark(state, []() -> asio::awaitable<void> {
+template <kind K, bool Lazy>
+void cospawn_counter(benchmark::State& state, std::size_t n) {
+  run_each_iteration(state, [n]() -> asio::awaitable<void> {
     auto ex = co_await asio::this_coro::executor;
-    countdown left{tasks_per_run, {}};
-    std::vector<int> results(tasks_per_run);
-    auto tasks = make_tasks(tasks_per_run);
-    for (std::size_t i = 0; i < tasks_per_run; ++i) {
-      asio::co_spawn(ex, std::move(tasks[i]), [&, i](std::exception_ptr, int v) {
+    countdown left{n, {}};
+    std::vector<int> results(n);
+    std::vector<asio::awaitable<int>> tasks;
+    if constexpr (!Lazy) tasks = vector_tasks<K>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto t = Lazy ? task<K>(static_cast<int>(i)) : std::move(tasks[i]);
+      asio::co_spawn(ex, std::move(t), [&, i](std::exception_ptr, int v) {
         results[i] = v;
         left.done();
       });
@@ -166,6 +163,95 @@ void raw_cospawn_counter(benchmark::State& state) {
     co_await left.wait();
     benchmark::DoNotOptimize(results.data());
   });
+  per_task(state, n, K);
+}
+
+// cospawn_counter_lazy plus what a cancellable fan-out needs: each task bound
+// to its own cancellation signal (the same per-task machinery gather has).
+template <kind K>
+void cospawn_counter_cancellable(benchmark::State& state, std::size_t n) {
+  run_each_iteration(state, [n]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    countdown left{n, {}};
+    std::vector<int> results(n);
+    std::deque<asio::cancellation_signal> signals;
+    for (std::size_t i = 0; i < n; ++i) {
+      signals.emplace_back();
+      asio::co_spawn(
+          ex, task<K>(static_cast<int>(i)),
+          asio::bind_cancellation_slot(signals.back().slot(), [&, i](std::exception_ptr, int v) {
+            results[i] = v;
+            left.done();
+          }));
+    }
+    co_await left.wait();
+    benchmark::DoNotOptimize(results.data());
+  });
+  per_task(state, n, K);
+}
+
+#if SLUICE_ASIO_VERSION >= 102400
+template <kind K>
+void parallel_group_ranged(benchmark::State& state, std::size_t n) {
+  run_each_iteration(state, [n]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    using op_type = decltype(asio::co_spawn(ex, task<K>(0), deferred));
+    std::vector<op_type> ops;
+    ops.reserve(n);
+    for (std::size_t i = 0; i < n; ++i)
+      ops.push_back(asio::co_spawn(ex, task<K>(static_cast<int>(i)), deferred));
+    auto [order, errors, values] =
+        co_await asio::experimental::make_parallel_group(std::move(ops))
+            .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+    benchmark::DoNotOptimize(values.data());
+  });
+  per_task(state, n, K);
+}
+#endif
+
+constexpr std::size_t pairs_per_run = 1000;
+
+template <kind K>
+void pair_gather(benchmark::State& state, std::size_t) {
+  run_each_iteration(state, []() -> asio::awaitable<void> {
+    long sum = 0;
+    for (std::size_t i = 0; i < pairs_per_run; ++i) {
+      auto [a, b] = co_await sluice::gather(task<K>(1), task<K>(2));
+      sum += a + b;
+    }
+    benchmark::DoNotOptimize(sum);
+  });
+  per_task(state, 2 * pairs_per_run, K);
+}
+
+template <kind K>
+void pair_operators(benchmark::State& state, std::size_t) {
+  run_each_iteration(state, []() -> asio::awaitable<void> {
+    long sum = 0;
+    for (std::size_t i = 0; i < pairs_per_run; ++i) {
+      auto [a, b] = co_await (task<K>(1) && task<K>(2));
+      sum += a + b;
+    }
+    benchmark::DoNotOptimize(sum);
+  });
+  per_task(state, 2 * pairs_per_run, K);
+}
+
+template <kind K>
+void pair_parallel_group(benchmark::State& state, std::size_t) {
+  run_each_iteration(state, []() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    long sum = 0;
+    for (std::size_t i = 0; i < pairs_per_run; ++i) {
+      auto [order, e1, a, e2, b] =
+          co_await asio::experimental::make_parallel_group(asio::co_spawn(ex, task<K>(1), deferred),
+                                                           asio::co_spawn(ex, task<K>(2), deferred))
+              .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+      sum += a + b;
+    }
+    benchmark::DoNotOptimize(sum);
+  });
+  per_task(state, 2 * pairs_per_run, K);
 }
 
 // One million simulated 1-5 s calls, 1000 at a time, in virtual time.
@@ -188,55 +274,54 @@ void harness_virtual_calls(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * calls));
 }
 
-// Bounded fan-out on the real-time simulated service: makespan against the
-// ideal (greedy) schedule of the same latencies. Target: within 5%.
-void real_time_makespan(benchmark::State& state) {
-  const std::size_t n = 30, limit = 5;
-  const auto model = sluice::testing::latency::uniform(std::chrono::milliseconds(20),
-                                                       std::chrono::milliseconds(100), 3);
-  std::priority_queue<std::chrono::nanoseconds, std::vector<std::chrono::nanoseconds>,
-                      std::greater<>>
-      free_at;
-  for (std::size_t i = 0; i < limit; ++i) free_at.push(std::chrono::nanoseconds(0));
-  std::chrono::nanoseconds ideal(0);
-  for (std::size_t i = 0; i < n; ++i) {
-    auto t = free_at.top() + model({i, "", ""});
-    free_at.pop();
-    free_at.push(t);
-    ideal = std::max(ideal, t);
+using bench_fn = void (*)(benchmark::State&, std::size_t);
+
+// Registers <name>/<kind>/<arg> for both task kinds. A case of 100,000 tasks
+// or more averages over that many per iteration and runs once, whatever
+// --benchmark_repetitions says (it keeps `make bench` within its time).
+void add(const std::string& name, bench_fn immediate, bench_fn suspending, std::size_t arg) {
+  for (auto [k, fn] :
+       {std::pair{kind::immediate, immediate}, std::pair{kind::suspending, suspending}}) {
+    auto* b = benchmark::RegisterBenchmark(
+        (name + "/" + kind_name(k) + "/" + std::to_string(arg)).c_str(),
+        [fn = fn, arg](benchmark::State& s) { fn(s, arg); });
+    if (arg >= 100'000) b->Repetitions(1)->Iterations(1);
   }
-  double worst = 0;
-  for (auto _ : state) {
-    sluice::testing::slow_service svc({.latency = model});
-    asio::io_context ctx(1);
-    const auto t0 = std::chrono::steady_clock::now();
-    asio::co_spawn(
-        ctx,
-        [&]() -> asio::awaitable<void> {
-          std::vector<asio::awaitable<void>> v;
-          for (std::size_t i = 0; i < n; ++i) v.push_back(svc.call());
-          co_await sluice::gather_with_concurrency(limit, std::move(v));
-        },
-        [](std::exception_ptr e) {
-          if (e) std::rethrow_exception(e);
-        });
-    ctx.run();
-    const auto took = std::chrono::steady_clock::now() - t0;
-    worst =
-        std::max(worst, std::chrono::duration<double>(took) / std::chrono::duration<double>(ideal));
+}
+
+#define SLUICE_BOTH(f, ...) \
+  f<kind::immediate __VA_OPT__(, ) __VA_ARGS__>, f<kind::suspending __VA_OPT__(, ) __VA_ARGS__>
+
+void register_all() {
+  add("floor_lazy", SLUICE_BOTH(floor_lazy), tasks_per_run);
+  add("floor_vector", SLUICE_BOTH(floor_vector), tasks_per_run);
+  for (std::size_t limit : {8, 100}) {
+    add("gwc_lazy", SLUICE_BOTH(gwc, true), limit);
+    add("pool_lazy", SLUICE_BOTH(pool, true), limit);
+    add("gwc_vector", SLUICE_BOTH(gwc, false), limit);
+    add("pool_vector", SLUICE_BOTH(pool, false), limit);
+    add("cospawn_semaphore", SLUICE_BOTH(cospawn_semaphore), limit);
   }
-  state.counters["ideal_ms"] = std::chrono::duration<double, std::milli>(ideal).count();
-  state.counters["worst_ratio"] = worst;
+  for (std::size_t n : {10'000, 100'000, 1'000'000}) {
+    add("gather_lazy", SLUICE_BOTH(gather_unbounded, true), n);
+    add("cospawn_counter_lazy", SLUICE_BOTH(cospawn_counter, true), n);
+    add("cospawn_cancellable_lazy", SLUICE_BOTH(cospawn_counter_cancellable), n);
+    add("gather_vector", SLUICE_BOTH(gather_unbounded, false), n);
+    add("cospawn_counter_vector", SLUICE_BOTH(cospawn_counter, false), n);
+  }
+#if SLUICE_ASIO_VERSION >= 102400
+  add("parallel_group_ranged", SLUICE_BOTH(parallel_group_ranged), tasks_per_run);
+#endif
+  add("pair_gather", SLUICE_BOTH(pair_gather), 2);
+  add("pair_operators", SLUICE_BOTH(pair_operators), 2);
+  add("pair_parallel_group", SLUICE_BOTH(pair_parallel_group), 2);
+  benchmark::RegisterBenchmark("harness_virtual_calls", harness_virtual_calls)
+      ->Unit(benchmark::kMillisecond)
+      ->Iterations(1);
 }
 
 }  // namespace
 
-BENCHMARK(sequential_co_await);
-BENCHMARK(gather_with_concurrency)->Arg(1)->Arg(8)->Arg(64);
-BENCHMARK(cospawn_per_task_semaphore)->Arg(8);
-BENCHMARK(gather_unbounded);
-BENCHMARK(raw_cospawn_counter);
-BENCHMARK(real_time_makespan)->Unit(benchmark::kMillisecond)->Iterations(5);
-BENCHMARK(harness_virtual_calls)->Unit(benchmark::kMillisecond)->Iterations(1);
-
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  return sluice_bench::run_main(argc, argv, register_all);
+}

@@ -2,19 +2,20 @@
 // map_unordered per-task overhead beside its baselines, and its peak memory
 // over 10 thousand vs 10 million lazily generated inputs.
 //
-//   sequential_loop        co_await each task in turn (the floor)
+// Names are <workload>/<task kind>/<limit>; both task kinds (completing at
+// once; suspending once through a post).
+//   mu_floor_lazy          co_await fn(x) for each input in turn (the floor)
 //   map_unordered          limit 64 over a lazy input, read in completion order
-//   co_spawn_per_task      one co_spawn per task, a counter for completion
+//   mu_channel_pool        Asio peer: 64 workers on a shared index send results
+//                          through an asio::experimental::channel of capacity 64
+//   mu_cospawn_per_task    one co_spawn per task, a counter for completion
 //   peak_rss/<n>           map_unordered over n lazy inputs, limit 64, run in a
 //                          forked child; counters peak_rss_kb (VmHWM) and
 //                          rss_growth_kb (VmHWM minus VmRSS before the run)
 //
-// Tasks complete at once, so the numbers are the machinery's cost per task.
+#include "bench_common.hpp"
+
 #include <sluice/map_unordered.hpp>
-
-#include <support/asio.hpp>
-
-#include <benchmark/benchmark.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -24,8 +25,11 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <string>
 
 namespace {
+
+using namespace sluice_bench;
 
 constexpr std::int64_t tasks_per_iteration = 10000;
 constexpr std::size_t limit = 64;
@@ -67,68 +71,85 @@ asio::awaitable<std::int64_t> immediate(std::int64_t i) {
   co_return i;
 }
 
-void set_per_task(benchmark::State& state, std::int64_t per_iteration) {
-  state.SetItemsProcessed(state.iterations() * per_iteration);
-  state.counters["time_per_task"] = benchmark::Counter(
-      static_cast<double>(per_iteration),
-      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
-}
-
-void sequential_loop(benchmark::State& state) {
-  asio::io_context ctx(1);
+// Lazy floor: co_await fn(x) for each input in turn, the frame made and
+// awaited at once.
+template <kind K>
+void floor_lazy(benchmark::State& state) {
   std::int64_t sum = 0;
-  for (auto _ : state) {
-    asio::co_spawn(
-        ctx,
-        [&]() -> asio::awaitable<void> {
-          for (std::int64_t i = 0; i < tasks_per_iteration; ++i) sum += co_await immediate(i);
-        },
-        asio::detached);
-    ctx.restart();
-    ctx.run();
-  }
-  benchmark::DoNotOptimize(sum);
-  set_per_task(state, tasks_per_iteration);
-}
-BENCHMARK(sequential_loop);
-
-void map_unordered(benchmark::State& state) {
-  asio::io_context ctx(1);
-  std::int64_t sum = 0;
-  for (auto _ : state) {
-    asio::co_spawn(
-        ctx,
-        [&]() -> asio::awaitable<void> {
-          auto s = sluice::map_unordered(immediate, iota_input(tasks_per_iteration), limit);
-          while (auto r = co_await s.next()) sum += *r;
-        },
-        asio::detached);
-    ctx.restart();
-    ctx.run();
-  }
-  benchmark::DoNotOptimize(sum);
-  set_per_task(state, tasks_per_iteration);
-}
-BENCHMARK(map_unordered);
-
-void co_spawn_per_task(benchmark::State& state) {
-  asio::io_context ctx(1);
-  std::int64_t sum = 0;
-  for (auto _ : state) {
-    std::int64_t pending = tasks_per_iteration;
+  run_each_iteration(state, [&]() -> asio::awaitable<void> {
     for (std::int64_t i = 0; i < tasks_per_iteration; ++i)
-      asio::co_spawn(ctx, immediate(i), [&](std::exception_ptr, std::int64_t v) {
-        sum += v;
-        --pending;
-      });
-    ctx.restart();
-    ctx.run();
-    if (pending != 0) state.SkipWithError("tasks left");
-  }
+      sum += co_await task<K>(static_cast<int>(i));
+  });
   benchmark::DoNotOptimize(sum);
-  set_per_task(state, tasks_per_iteration);
+  per_task(state, tasks_per_iteration, K);
 }
-BENCHMARK(co_spawn_per_task);
+
+template <kind K>
+void map_unordered(benchmark::State& state) {
+  std::int64_t sum = 0;
+  run_each_iteration(state, [&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([](std::int64_t i) { return task<K>(static_cast<int>(i)); },
+                                   iota_input(tasks_per_iteration), limit);
+    while (auto r = co_await s.next()) sum += *r;
+  });
+  benchmark::DoNotOptimize(sum);
+  per_task(state, tasks_per_iteration, K);
+}
+
+// One co_spawn per task, a counter for completion (unbounded).
+template <kind K>
+void cospawn_per_task(benchmark::State& state) {
+  std::int64_t sum = 0;
+  run_each_iteration(state, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    countdown left{tasks_per_iteration, {}};
+    for (std::int64_t i = 0; i < tasks_per_iteration; ++i)
+      asio::co_spawn(ex, task<K>(static_cast<int>(i)), [&](std::exception_ptr, int v) {
+        sum += v;
+        left.done();
+      });
+    co_await left.wait();
+  });
+  benchmark::DoNotOptimize(sum);
+  per_task(state, tasks_per_iteration, K);
+}
+
+// The Asio peer: `limit` workers pulling a shared index, handing each result
+// to the consumer through an asio::experimental::channel of capacity `limit`
+// (completion order, bounded like map_unordered).
+template <kind K>
+void channel_pool(benchmark::State& state) {
+  std::int64_t sum = 0;
+  run_each_iteration(state, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    asio::experimental::channel<void(sluice::error_code, int)> results(ex, limit);
+    std::int64_t next = 0;
+    for (std::size_t w = 0; w < limit; ++w)
+      asio::co_spawn(
+          ex,
+          [&]() -> asio::awaitable<void> {
+            for (std::int64_t i; (i = next++) < tasks_per_iteration;)
+              co_await results.async_send(
+                  sluice::error_code{}, co_await task<K>(static_cast<int>(i)), asio::use_awaitable);
+          },
+          rethrow);
+    for (std::int64_t i = 0; i < tasks_per_iteration; ++i)
+      sum += co_await results.async_receive(asio::use_awaitable);
+  });
+  benchmark::DoNotOptimize(sum);
+  per_task(state, tasks_per_iteration, K);
+}
+
+#define SLUICE_BOTH_KINDS(f, name)                                     \
+  BENCHMARK_TEMPLATE(f, kind::immediate)                               \
+      ->Name(std::string(name "/immediate/") + std::to_string(limit)); \
+  BENCHMARK_TEMPLATE(f, kind::suspending)                              \
+      ->Name(std::string(name "/suspending/") + std::to_string(limit))
+
+SLUICE_BOTH_KINDS(floor_lazy, "mu_floor_lazy");
+SLUICE_BOTH_KINDS(map_unordered, "map_unordered");
+SLUICE_BOTH_KINDS(channel_pool, "mu_channel_pool");
+SLUICE_BOTH_KINDS(cospawn_per_task, "mu_cospawn_per_task");
 
 // "VmHWM:" or "VmRSS:" of this process, in kB.
 long status_kb(const char* field) {

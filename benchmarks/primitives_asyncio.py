@@ -9,6 +9,8 @@ Prints ns per operation for:
   event set, 100k waiters   Event.set() until all 100,000 waiters resumed, per waiter
 """
 import asyncio
+import json
+import sys
 import time
 
 N = 200_000
@@ -81,14 +83,17 @@ async def bench_event(waiters):
 
 async def main():
     rows = [
-        ("nested_await", await bench_nested(N)),
-        ("semaphore_uncontended", await bench_uncontended(N)),
-        ("loop_round_trip (sleep(0))", await bench_round_trip(N // 4)),
-        ("semaphore_handoff (per hand-off)", await bench_handoff(N // 4)),
-        ("event_set_wakes_100k (per waiter)", await bench_event(100_000)),
+        ("asyncio_nested_await", await bench_nested(N)),
+        ("asyncio_semaphore_uncontended", await bench_uncontended(N)),
+        ("asyncio_loop_round_trip", await bench_round_trip(N // 4)),
+        ("asyncio_semaphore_handoff", await bench_handoff(N // 4)),
+        ("asyncio_event_set_wakes_100k", await bench_event(100_000)),
     ]
     for name, seconds in rows:
         print(f"{name:40s} {seconds * 1e9:10.1f} ns/op")
+    if "--json" in sys.argv:
+        with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
+            json.dump({name: seconds * 1e9 for name, seconds in rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -584,10 +584,17 @@ TEST_CASE("a keyed semaphore used from a thread that is not running its loop abo
     asio::io_context ctx;
     keyed ks{ctx.get_executor(), 1};
     std::optional<keyed::permit> p;
-    asio::post(ctx, [&] { p = ks.try_acquire("k"); });
+    auto busy = asio::make_work_guard(ctx);  // the loop keeps running on t
+    std::promise<void> used;
+    asio::post(ctx, [&] {
+      p = ks.try_acquire("k");
+      used.set_value();
+    });
     std::thread t([&] { ctx.run(); });
+    used.get_future().wait();
+    ks.release("k");  // main thread, while the loop runs on t
+    busy.reset();
     t.join();
-    ks.release("k");  // main thread, while the loop belongs to t
   });
   CHECK(r.aborted);
   CHECK(r.stderr_text.find("sluice::keyed_semaphore") != std::string::npos);

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <future>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -381,10 +382,17 @@ TEST_CASE("a rate_limiter used from a thread that is not running its loop aborts
   auto r = sluice_test::run_in_child([] {
     asio::io_context ctx;
     sluice::rate_limiter rl{ctx.get_executor(), 5, 1s};
-    asio::post(ctx, [&] { (void)rl.try_acquire(); });
+    auto busy = asio::make_work_guard(ctx);  // the loop keeps running on t
+    std::promise<void> used;
+    asio::post(ctx, [&] {
+      (void)rl.try_acquire();
+      used.set_value();
+    });
     std::thread t([&] { ctx.run(); });
+    used.get_future().wait();
+    (void)rl.try_acquire();  // main thread, while the loop runs on t
+    busy.reset();
     t.join();
-    (void)rl.try_acquire();  // main thread, while the loop belongs to t
   });
   CHECK(r.aborted);
   CHECK(r.stderr_text.find("sluice::rate_limiter") != std::string::npos);

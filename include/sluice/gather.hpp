@@ -39,9 +39,11 @@ using gather_result_t =
                        std::conditional_t<std::is_void_v<T>, void, std::vector<T>>>;
 
 // One bounded fan-out over a range, shared by its workers.
-// Invariants: results_.size() == pulled_; slot i is filled when task i ends;
-// first_error_ is the first failure in time (never set by the aftermath of a
+// Invariants: results.size() == pulled; slot i is filled when task i ends;
+// first_error is the first failure in time (never set by the aftermath of a
 // cancelled parent).
+// Results of a fail-fast gather whose T is default constructible go straight
+// into the vector that is returned (no optional per slot, no second copy).
 template <class R, bool Settle>
 struct gather_state {
   using task_type = std::ranges::range_value_t<std::remove_reference_t<R>>;
@@ -49,6 +51,11 @@ struct gather_state {
   using slot_type = std::conditional_t<Settle, outcome<value_type>, gather_value_t<value_type>>;
   static constexpr bool settle = Settle;
   static constexpr bool store_results = Settle || !std::is_void_v<value_type>;
+  static constexpr bool direct_results = !Settle && !std::is_void_v<value_type> &&
+                                         std::is_default_constructible_v<slot_type> &&
+                                         std::is_move_assignable_v<slot_type>;
+  using results_type = std::conditional_t<direct_results, std::vector<slot_type>,
+                                          std::vector<std::optional<slot_type>>>;
 
   explicit gather_state(R&& r)
       : input(std::forward<R>(r)), children(std::make_shared<child_set>()) {}
@@ -58,57 +65,65 @@ struct gather_state {
     children->cancel_all(worker);
   }
 
+  template <class... V>
+  void store(std::size_t index, V&&... v) {
+    if constexpr (direct_results)
+      results[index] = slot_type(std::forward<V>(v)...);
+    else
+      results[index].emplace(std::forward<V>(v)...);
+  }
+
   range_cursor<R> input;
   std::shared_ptr<child_set> children;
-  std::vector<std::optional<slot_type>> results;
+  results_type results;
   std::size_t pulled = 0;
   std::exception_ptr first_error;
 };
 
-// Takes the next task and its index, or nothing when the input is exhausted,
-// the fan-out is stopping, or the input itself threw (recorded as a failure:
-// fail fast cancels the running tasks, settling lets them finish).
+// Moves the next task into `task` and its index into `index`; false when the
+// input is exhausted, the fan-out is stopping, or the input itself threw
+// (recorded as a failure: fail fast cancels the running tasks, settling lets
+// them finish).
 template <class State>
-std::optional<std::pair<typename State::task_type, std::size_t>> pull(State& s, std::size_t self) {
-  if (s.children->stopping()) return std::nullopt;
+[[gnu::always_inline]] inline bool pull(State& s, std::size_t self, typename State::task_type& task,
+                                      std::size_t& index) {
+  if (s.children->stopping()) return false;
   try {
-    if (s.input.done()) return std::nullopt;
-    auto task = s.input.take();  // may throw: nothing counted yet
-    std::pair<typename State::task_type, std::size_t> next(std::move(task), s.pulled++);
+    if (s.input.done()) return false;
+    task = s.input.take();  // may throw: nothing counted yet
+    index = s.pulled++;
     if constexpr (State::store_results) s.results.emplace_back();
-    return next;
+    return true;
   } catch (...) {
     if (!s.first_error) s.first_error = std::current_exception();
     s.children->cancel_all(
         self, State::settle ? asio::cancellation_type::none : asio::cancellation_type::terminal);
-    return std::nullopt;
+    return false;
   }
 }
 
 // A worker awaits its task inline, then pulls the next one only when it is
 // free: a task costs about as much as a sequential co_await, not a co_spawn.
 template <class State, class Executor>
-asio::awaitable<void, Executor> gather_worker(
-    std::shared_ptr<State> s, std::size_t self,
-    std::optional<std::pair<typename State::task_type, std::size_t>> job) {
-  for (; job; job = pull(*s, self)) {
-    const std::size_t index = job->second;
+asio::awaitable<void, Executor> gather_worker(std::shared_ptr<State> s, std::size_t self,
+                                              typename State::task_type task, std::size_t index) {
+  do {
     try {
       if constexpr (std::is_void_v<typename State::value_type>) {
-        co_await std::move(job->first);
-        if constexpr (State::settle) s->results[index].emplace();
+        co_await std::move(task);
+        if constexpr (State::settle) s->store(index);
       } else {
-        auto value = co_await std::move(job->first);
-        s->results[index].emplace(std::move(value));
+        auto value = co_await std::move(task);
+        s->store(index, std::move(value));
       }
     } catch (...) {
       if constexpr (State::settle) {
-        s->results[index].emplace(std::current_exception());
+        s->store(index, std::current_exception());
       } else {
         s->fail(std::current_exception(), self);
       }
     }
-  }
+  } while (pull(*s, self, task, index));
 }
 
 template <class State>
@@ -134,12 +149,11 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   auto ex = co_await asio::this_coro::executor;
   if (s->input.done()) co_return result_type();
 
-  while (s->children->size() < limit) {
-    auto job = pull(*s, child_set::none);
-    if (!job) break;
-    s->children->spawn(ex,
-                       gather_worker<State, executor_type>(s, s->children->size(), std::move(job)));
-  }
+  typename State::task_type task;
+  std::size_t index = 0;
+  while (s->children->size() < limit && pull(*s, child_set::none, task, index))
+    s->children->spawn(
+        ex, gather_worker<State, executor_type>(s, s->children->size(), std::move(task), index));
 
   // The token is a named local: g++ 12 may destroy a co_await operand's
   // brace-initialised temporaries twice.
@@ -150,7 +164,9 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   if (ec) throw system_error(ec, "sluice::gather");
   if (auto e = s->children->escaped()) std::rethrow_exception(e);
 
-  if constexpr (!std::is_void_v<result_type>) {
+  if constexpr (State::direct_results) {
+    co_return std::move(s->results);
+  } else if constexpr (!std::is_void_v<result_type>) {
     result_type out;
     out.reserve(s->results.size());
     for (auto& slot : s->results) out.push_back(std::move(*slot));
