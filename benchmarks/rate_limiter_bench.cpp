@@ -29,8 +29,8 @@
 
 namespace {
 
-using sluice_bench::run_coroutine;
 using sluice_bench::nested_co_await;
+using sluice_bench::run_coroutine;
 
 BENCHMARK(nested_co_await);
 

@@ -86,7 +86,7 @@ struct gather_state {
 // them finish).
 template <class State>
 [[gnu::always_inline]] inline bool pull(State& s, std::size_t self, typename State::task_type& task,
-                                      std::size_t& index) {
+                                        std::size_t& index) {
   if (s.children->stopping()) return false;
   try {
     if (s.input.done()) return false;

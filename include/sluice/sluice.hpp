@@ -30,8 +30,8 @@
 #include <sluice/to_thread.hpp>
 
 // Limits that protect a provider: per key, per time window, deduplication
-#include <sluice/keyed_semaphore.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
+#include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/token_bucket.hpp>

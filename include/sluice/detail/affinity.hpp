@@ -121,7 +121,9 @@ class affinity {
 
   // A check at this instant, for code that cannot hold a scope across its
   // work (a coroutine that suspends): the rules of enter(), then leaves.
-  void check(const char* what) noexcept { const scope in = enter(what); }
+  void check(const char* what) noexcept {
+    const scope in = enter(what);
+  }
 
   // The reason a call from this thread, now, breaks rules 2 or 3, or null.
   // Records this thread as the loop's when it runs the loop.

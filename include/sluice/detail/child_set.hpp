@@ -84,9 +84,8 @@ class child_set : public std::enable_shared_from_this<child_set> {
         [self = shared_from_this(), ex](auto handler) {
           if (self->running_ == 0) {
             post_completion(std::move(handler), ex,
-                            self->parent_cancelled_
-                                ? error_code(asio::error::operation_aborted)
-                                : error_code());
+                            self->parent_cancelled_ ? error_code(asio::error::operation_aborted)
+                                                    : error_code());
             return;
           }
           auto slot = asio::get_associated_cancellation_slot(handler);
