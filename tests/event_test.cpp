@@ -163,7 +163,6 @@ TEST_CASE("destroying an event with waiters completes them with operation_aborte
   CHECK(a.cancelled());
 }
 
-
 // ---------------------------------------------------------------------------
 // Adversarial review.
 

@@ -228,4 +228,3 @@ TEST_CASE("destroying a lock with waiters completes them with operation_aborted"
   h.poll();
   CHECK(a.cancelled());
 }
-

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
+// clang-format off
 // expect: sluice::for_each(s, body): `body(value)` must take the stream's value type and return void, bool, asio::awaitable<void> or asio::awaitable<bool>
 #include <sluice/for_each.hpp>
 #include <sluice/map_unordered.hpp>

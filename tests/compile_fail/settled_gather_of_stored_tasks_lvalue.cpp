@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
+// clang-format off
 // expect: sluice::gather / gather_with_concurrency: `tasks` holds stored asio::awaitable<T>s and is passed as an lvalue
 #include <sluice/gather.hpp>
 
