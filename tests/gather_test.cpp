@@ -253,6 +253,81 @@ TEST_CASE("return_exceptions runs every task and keeps each value or exception i
   }
 }
 
+namespace {
+
+// A result with no default constructor: unbounded gather cannot spawn such a
+// task bare (co_spawn default-constructs the value of a failed child), so it
+// runs it inside a worker; both paths must behave the same.
+struct no_default {
+  explicit no_default(int x) : v(x) {}
+  int v;
+};
+
+template <class T>
+asio::awaitable<T> value_after(slow_service& svc, int v) {
+  co_await svc.call();
+  co_return T(v);
+}
+
+template <class T>
+asio::awaitable<T> failing_after(nanoseconds d, std::string what) {
+  co_await sluice::sleep(d);
+  throw std::runtime_error(what);
+}
+
+template <class T>
+int value_of(const T& t) {
+  if constexpr (std::is_same_v<T, int>) {
+    return t;
+  } else {
+    return t.v;
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("unbounded gather fails fast: siblings cancelled, first error in time rethrown",
+                   "[gather]", int, no_default) {
+  slow_service svc({.latency = latency::fixed(10s)});
+  virtual_loop loop;
+  std::size_t in_flight_after = 99;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<TestType>> v;
+    for (int i = 0; i < 20; ++i) v.push_back(value_after<TestType>(svc, i));
+    v.push_back(failing_after<TestType>(300ms, "second in time"));
+    v.push_back(failing_after<TestType>(200ms, "first in time"));
+    try {
+      co_await sluice::gather(std::move(v));
+      FAIL("gather did not throw");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "first in time");
+    }
+    in_flight_after = svc.in_flight();
+  });
+  CHECK(in_flight_after == 0);
+  CHECK(svc.max_in_flight() == 20);
+  CHECK(svc.cancellations() == 20);
+  CHECK(loop.now() == 200ms);
+}
+
+TEMPLATE_TEST_CASE("unbounded gather keeps input order and settles with return_exceptions",
+                   "[gather]", int, no_default) {
+  slow_service svc({.latency = latency::sequence({3s, 1s, 2s, 1s}),
+                    .failure = sluice::testing::failures::at_calls({1})});
+  virtual_loop loop;
+  std::vector<asio::awaitable<TestType>> v;
+  for (int i = 0; i < 4; ++i) v.push_back(value_after<TestType>(svc, i * 10));
+  auto r = loop.run(sluice::gather(std::move(v), sluice::return_exceptions));
+  REQUIRE(r.size() == 4);
+  CHECK(loop.now() == 3s);
+  CHECK(svc.max_in_flight() == 4);
+  CHECK_THROWS_AS(r[1].value(), sluice::testing::service_error);
+  for (int i : {0, 2, 3}) {
+    REQUIRE(r[static_cast<std::size_t>(i)].has_value());
+    CHECK(value_of(*r[static_cast<std::size_t>(i)]) == i * 10);
+  }
+}
+
 TEST_CASE("return_exceptions over void tasks gives outcome<void> slots", "[gather]") {
   virtual_loop loop;
   auto r = loop.run([]() -> asio::awaitable<std::vector<sluice::outcome<void>>> {

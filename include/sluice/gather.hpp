@@ -126,6 +126,38 @@ asio::awaitable<void, Executor> gather_worker(std::shared_ptr<State> s, std::siz
   } while (pull(*s, self, task, index));
 }
 
+// The completion of one task of an unbounded gather, which is spawned as a
+// child of its own (no worker frame around it): stores the value or the
+// outcome, or fails fast. The state is not owned: the parent's join waits for
+// every child's completion, so it outlives every call; a child whose loop is
+// destroyed before it completes never calls it.
+template <class State>
+struct task_done {
+  State* s;
+  std::size_t index;  // the task's index, which is also its child's
+  template <class... V>
+  std::exception_ptr operator()(std::exception_ptr e, V&&... v) const {
+    if (e) {
+      if constexpr (State::settle) {
+        s->store(index, std::move(e));
+      } else {
+        s->fail(std::move(e), index);
+      }
+    } else if constexpr (State::store_results) {
+      s->store(index, std::forward<V>(v)...);
+    }
+    return nullptr;
+  }
+};
+
+// co_spawn completes a failed child with a default-constructed T, so only such
+// tasks can be spawned bare; the others run inside a worker.
+template <class State>
+inline constexpr bool spawn_bare = std::is_void_v<typename State::value_type> ||
+                                   std::is_default_constructible_v<typename State::value_type>;
+
+inline constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
+
 template <class State>
 using state_executor_t = task_executor_t<typename State::task_type>;
 
@@ -151,6 +183,14 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
 
   typename State::task_type task;
   std::size_t index = 0;
+  if constexpr (spawn_bare<State>) {
+    if (limit == unbounded) {
+      // One child per task, the task itself: nothing to pull later, and a
+      // worker frame would only wrap it.
+      while (pull(*s, child_set::none, task, index))
+        s->children->spawn(ex, std::move(task), task_done<State>{s.get(), index});
+    }
+  }
   while (s->children->size() < limit && pull(*s, child_set::none, task, index))
     s->children->spawn(
         ex, gather_worker<State, executor_type>(s, s->children->size(), std::move(task), index));
@@ -214,7 +254,7 @@ asio::awaitable<std::tuple<gather_value_t<T>...>, Executor> gather_tuple(
   std::vector<asio::awaitable<void, Executor>> wrapped;
   wrapped.reserve(sizeof...(T));
   (wrapped.push_back(store_into(std::move(tasks), std::get<I>(slots))), ...);
-  co_await start_gather<false>(sizeof...(T), std::move(wrapped));
+  co_await start_gather<false>(unbounded, std::move(wrapped));
   co_return std::tuple<gather_value_t<T>...>(std::move(*std::get<I>(slots))...);
 }
 
@@ -240,7 +280,7 @@ asio::awaitable<std::tuple<outcome<T>...>, Executor> gather_tuple_settled(
   std::vector<asio::awaitable<void, Executor>> wrapped;
   wrapped.reserve(sizeof...(T));
   (wrapped.push_back(store_outcome_into(std::move(tasks), std::get<I>(slots))), ...);
-  co_await start_gather<false>(sizeof...(T), std::move(wrapped));
+  co_await start_gather<false>(unbounded, std::move(wrapped));
   co_return std::tuple<outcome<T>...>(std::move(*std::get<I>(slots))...);
 }
 
@@ -319,15 +359,13 @@ template <task_range R>
 /// @endcode
 template <task_range R>
 [[nodiscard]] auto gather(R&& tasks) {
-  return detail::start_gather<false>(std::numeric_limits<std::size_t>::max(),
-                                     std::forward<R>(tasks));
+  return detail::start_gather<false>(detail::unbounded, std::forward<R>(tasks));
 }
 
 /// Settling `gather`: every task runs; each result is an `outcome<T>`.
 template <task_range R>
 [[nodiscard]] auto gather(R&& tasks, return_exceptions_t) {
-  return detail::start_gather<true>(std::numeric_limits<std::size_t>::max(),
-                                    std::forward<R>(tasks));
+  return detail::start_gather<true>(detail::unbounded, std::forward<R>(tasks));
 }
 
 /// Runs the given tasks concurrently and returns a `std::tuple` of their

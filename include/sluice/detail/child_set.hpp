@@ -11,21 +11,119 @@
 #include <deque>
 #include <exception>
 #include <memory>
+#include <new>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 
 namespace sluice::detail {
 
-// The child coroutines of one call (the workers of a gather, of a stream),
-// child i bound to its own cancellation signal. It grows as children are added
-// (a deque: signals never move).
+// Where one child's cancellation handler lives. co_spawn puts the handler it
+// needs (its proxy cancellation state) into the completion handler's
+// associated slot; a child_slot is a slot of our own (Asio's CancellationSlot
+// requirements) that constructs it in place here, where Asio's
+// cancellation_signal would allocate it. A handler too big for the buffer is
+// allocated. Invariant: ops_ != nullptr exactly while a handler is held.
+class child_slot_storage {
+ public:
+  child_slot_storage() = default;
+  child_slot_storage(const child_slot_storage&) = delete;
+  child_slot_storage& operator=(const child_slot_storage&) = delete;
+  ~child_slot_storage() { clear(); }
+
+  [[nodiscard]] bool has_handler() const noexcept { return ops_ != nullptr; }
+
+  template <class H, class... A>
+  H& emplace(A&&... a) {
+    clear();
+    H* h;
+    if constexpr (fits<H>) {
+      h = ::new (static_cast<void*>(buf_)) H(std::forward<A>(a)...);
+    } else {
+      h = new H(std::forward<A>(a)...);
+    }
+    obj_ = h;
+    ops_ = &ops_for<H>;
+    return *h;
+  }
+
+  void emit(asio::cancellation_type type) {
+    if (ops_ != nullptr) ops_->call(obj_, type);
+  }
+
+  void clear() noexcept {
+    if (ops_ != nullptr) std::exchange(ops_, nullptr)->destroy(obj_);
+  }
+
+ private:
+  struct ops {
+    void (*call)(void*, asio::cancellation_type);
+    void (*destroy)(void*) noexcept;
+  };
+  static constexpr std::size_t buffer_size = 2 * sizeof(void*);
+  template <class H>
+  static constexpr bool fits = sizeof(H) <= buffer_size && alignof(H) <= alignof(void*);
+  template <class H>
+  static void call(void* h, asio::cancellation_type type) {
+    (*static_cast<H*>(h))(type);
+  }
+  template <class H>
+  static void destroy(void* h) noexcept {
+    if constexpr (fits<H>) {
+      static_cast<H*>(h)->~H();
+    } else {
+      delete static_cast<H*>(h);
+    }
+  }
+  template <class H>
+  static constexpr ops ops_for{&call<H>, &destroy<H>};
+
+  alignas(void*) unsigned char buf_[buffer_size];
+  void* obj_ = nullptr;
+  const ops* ops_ = nullptr;
+};
+
+// A CancellationSlot over a child_slot_storage (what
+// asio::bind_cancellation_slot binds to a child's completion handler).
+class child_slot {
+ public:
+  explicit child_slot(child_slot_storage* s) noexcept : s_(s) {}
+  [[nodiscard]] bool is_connected() const noexcept { return s_ != nullptr; }
+  [[nodiscard]] bool has_handler() const noexcept { return s_ != nullptr && s_->has_handler(); }
+  template <class H, class... A>
+  H& emplace(A&&... a) {
+    return s_->template emplace<H>(std::forward<A>(a)...);
+  }
+  template <class H>
+  std::decay_t<H>& assign(H&& h) {
+    return s_->template emplace<std::decay_t<H>>(std::forward<H>(h));
+  }
+  void clear() noexcept {
+    if (s_ != nullptr) s_->clear();
+  }
+  friend bool operator==(const child_slot&, const child_slot&) = default;
+
+ private:
+  child_slot_storage* s_;
+};
+
+// What a child's completion does before the set counts it done: returns the
+// exception that escaped the child (recorded by escaped()), or nullptr.
+struct keep_escaped {
+  std::exception_ptr operator()(std::exception_ptr e) const noexcept { return e; }
+};
+
+// The child coroutines of one call (the workers of a gather, of a stream, the
+// tasks of an unbounded gather), child i cancellable through its own slot. It
+// grows as children are added (a deque: slots never move).
 // Held by shared_ptr: by the call and by each running child, so a child that
 // outlives its parent's frame (the loop is being destroyed) touches no freed
 // state.
 //
-// Invariants: running_ counts children started and not yet completed;
-// running_child_[i] is true while child i runs; joiner_ is set only while a
-// join waits and running_ > 0; stopping_ is sticky.
+// Invariants: running_ counts children started and not yet completed; child i
+// runs exactly while slots_[i] holds a handler (co_spawn puts it there when the
+// child starts; on_done clears it); joiner_ is set only while a join waits and
+// running_ > 0; stopping_ is sticky.
 class child_set : public std::enable_shared_from_this<child_set> {
  public:
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
@@ -36,9 +134,9 @@ class child_set : public std::enable_shared_from_this<child_set> {
   child_set& operator=(const child_set&) = delete;
 
   // Children started so far (running or finished).
-  [[nodiscard]] std::size_t size() const noexcept { return signals_.size(); }
+  [[nodiscard]] std::size_t size() const noexcept { return slots_.size(); }
   [[nodiscard]] std::size_t running() const noexcept { return running_; }
-  [[nodiscard]] bool running(std::size_t i) const noexcept { return running_child_[i]; }
+  [[nodiscard]] bool running(std::size_t i) const noexcept { return slots_[i].has_handler(); }
   // True once cancel_all() was called (a failure, a cancelled parent, a close).
   [[nodiscard]] bool stopping() const noexcept { return stopping_; }
   // True once the joining parent was cancelled.
@@ -47,22 +145,22 @@ class child_set : public std::enable_shared_from_this<child_set> {
   // tasks' exceptions; this is only set for failures of the machinery).
   [[nodiscard]] std::exception_ptr escaped() const noexcept { return escaped_; }
 
-  // Starts a child on `ex`; returns its index.
-  template <class Executor, class T>
-  std::size_t spawn(const Executor& ex, asio::awaitable<T, Executor> child) {
-    const std::size_t i = signals_.size();
-    signals_.emplace_back();
-    running_child_.push_back(true);
+  // Starts a child on `ex`; returns its index. When it completes, `done` gets
+  // co_spawn's completion arguments (std::exception_ptr, then the value of a
+  // non-void child) and returns the exception to record as escaped(), if any.
+  template <class Executor, class T, class Done = keep_escaped>
+  std::size_t spawn(const Executor& ex, asio::awaitable<T, Executor> child, Done done = {}) {
+    const std::size_t i = slots_.size();
+    slots_.emplace_back();
     ++running_;
-    asio::co_spawn(
-        ex, std::move(child),
-        asio::bind_cancellation_slot(signals_[i].slot(), done_handler{shared_from_this(), i}));
+    asio::co_spawn(ex, std::move(child),
+                   done_handler<Done>{shared_from_this(), &slots_[i], i, std::move(done)});
     return i;
   }
 
   // Requests cancellation of child i if it is running.
   void cancel(std::size_t i, asio::cancellation_type type = asio::cancellation_type::terminal) {
-    if (running_child_[i]) signals_[i].emit(type);
+    slots_[i].emit(type);
   }
 
   // Stops the set: stopping() becomes true and every running child except
@@ -71,7 +169,7 @@ class child_set : public std::enable_shared_from_this<child_set> {
                   asio::cancellation_type type = asio::cancellation_type::terminal) {
     stopping_ = true;
     if (type == asio::cancellation_type::none) return;
-    for (std::size_t i = 0; i < signals_.size(); ++i)
+    for (std::size_t i = 0; i < slots_.size(); ++i)
       if (i != except) cancel(i, type);
   }
 
@@ -102,24 +200,35 @@ class child_set : public std::enable_shared_from_this<child_set> {
   }
 
  private:
+  // The child's completion handler; its cancellation slot is the child's
+  // storage. The slot is a member, not an asio::bind_cancellation_slot
+  // binder: for a handler with no associated executor, Asio 1.24+ keeps the
+  // smallest cancellation handler (a signal, emitted at once) instead of one
+  // that holds an executor and dispatches each emit.
+  template <class Done>
   struct done_handler {
+    using cancellation_slot_type = child_slot;
     std::shared_ptr<child_set> self;
+    child_slot_storage* slot;
     std::size_t i;
-    void operator()(std::exception_ptr e) const { self->on_done(i, e); }
+    Done done;
+    [[nodiscard]] child_slot get_cancellation_slot() const noexcept { return child_slot(slot); }
+    template <class... V>
+    void operator()(std::exception_ptr e, V&&... v) {
+      self->on_done(i, done(std::move(e), std::forward<V>(v)...));
+    }
   };
 
   void on_done(std::size_t i, std::exception_ptr e) {
-    running_child_[i] = false;
-    signals_[i].slot().clear();
-    if (e && !escaped_) escaped_ = e;
+    slots_[i].clear();
+    if (e && !escaped_) escaped_ = std::move(e);
     if (--running_ == 0 && joiner_) {
       joiner_.complete(parent_cancelled_ ? error_code(asio::error::operation_aborted)
                                          : error_code());
     }
   }
 
-  std::deque<asio::cancellation_signal> signals_;
-  std::deque<bool> running_child_;
+  std::deque<child_slot_storage> slots_;
   std::size_t running_ = 0;
   bool stopping_ = false;
   bool parent_cancelled_ = false;
