@@ -34,6 +34,33 @@
 #include <utility>
 #include <vector>
 
+#if defined(SLUICE_BENCH_COUNT_ALLOCATIONS)
+#include <atomic>
+#include <cstdlib>
+
+// Every heap allocation of the process is counted (glibc: malloc and
+// aligned_alloc forward to the allocator's own entry points; free is
+// untouched). Standalone Asio allocates through operator new (malloc),
+// Boost.Asio's recycling allocator through aligned_alloc. Define the macro
+// in a benchmark's only translation unit, before this header.
+extern "C" void* __libc_malloc(std::size_t) noexcept;
+extern "C" void* __libc_memalign(std::size_t, std::size_t) noexcept;
+namespace sluice_bench {
+inline std::atomic<long> allocations{0};
+inline void count_allocation() noexcept {
+  allocations.store(allocations.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+}  // namespace sluice_bench
+extern "C" void* malloc(std::size_t n) noexcept {
+  sluice_bench::count_allocation();
+  return __libc_malloc(n);
+}
+extern "C" void* aligned_alloc(std::size_t alignment, std::size_t n) noexcept {
+  sluice_bench::count_allocation();
+  return __libc_memalign(alignment, n);
+}
+#endif
+
 namespace sluice_bench {
 
 // asio::deferred moved out of experimental in Asio 1.24 (Boost 1.80).
@@ -106,24 +133,38 @@ std::vector<asio::awaitable<int>> vector_tasks(std::size_t n) {
   return v;
 }
 
-// Reports time per task as the counter "ns_per_task" (the report reads it).
+// Reports time per task as the counter "ns_per_task" (the report reads it),
+// and heap allocations per task as "allocs_per_task" where they are counted.
 inline void per_task(benchmark::State& state, std::size_t tasks_per_iteration, kind k) {
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * tasks_per_iteration));
+  const double tasks = static_cast<double>(state.iterations() * tasks_per_iteration);
+  state.SetItemsProcessed(static_cast<std::int64_t>(tasks));
   state.counters["ns_per_task"] = benchmark::Counter(
       static_cast<double>(tasks_per_iteration),
       benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  if (auto a = state.counters.find("allocations"); a != state.counters.end()) {
+    state.counters["allocs_per_task"] = a->second.value / tasks;
+    state.counters.erase(a);
+  }
   state.SetLabel(kind_name(k));
 }
 
-// Runs `body()` (an awaitable) to completion once per benchmark iteration.
+// Runs `body()` (an awaitable) to completion once per benchmark iteration
+// (and, where allocations are counted, records them for per_task).
 template <class Body>
 void run_each_iteration(benchmark::State& state, Body body) {
   asio::io_context ctx(1);
+#if defined(SLUICE_BENCH_COUNT_ALLOCATIONS)
+  const long before = allocations.load(std::memory_order_relaxed);
+#endif
   for (auto _ : state) {
     asio::co_spawn(ctx, body(), rethrow);
     ctx.restart();
     ctx.run();
   }
+#if defined(SLUICE_BENCH_COUNT_ALLOCATIONS)
+  state.counters["allocations"] =
+      static_cast<double>(allocations.load(std::memory_order_relaxed) - before);
+#endif
 }
 
 // Waits until `pending` drops to zero (the hand-written join).

@@ -25,6 +25,8 @@
 //   harness_virtual_calls one million simulated 1-5 s calls through
 //                         gather_with_concurrency(1000) in virtual time (calls/s)
 
+// Heap allocations per task are counted too (counter allocs_per_task).
+#define SLUICE_BENCH_COUNT_ALLOCATIONS
 #include "bench_common.hpp"
 
 #include <sluice/gather.hpp>

@@ -81,6 +81,8 @@ def load_google(path, timings, study, prefix=""):
                               ideal_s=b.get("ideal_s"), ratio=b.get("ratio"),
                               max_in_flight=b.get("max_in_flight")))
             continue
+        if "allocs_per_task" in b:
+            timings[name + "/allocs"] = b["allocs_per_task"]
         for counter in ("ns_per_task", "per_handoff", "per_item", "per_waiter", "per_post"):
             if counter in b:
                 timings[name] = b[counter] * 1e9  # Google Benchmark writes seconds
@@ -135,17 +137,27 @@ def targets(t, study):
                 lambda v: v <= 1.1)
         r = ratio(t, f"gwc_lazy/{k}/100", f"floor_lazy/{k}/10000")
         add(f"`gather_with_concurrency(100, lazy)` ≤ 1.5x lazy floor, {k}", r, lambda v: v <= 1.5)
-        r = ratio(t, f"cospawn_semaphore/{k}/8", f"gwc_lazy/{k}/8")
-        add(f"≥ 8x faster than `co_spawn` + semaphore (limit 8), {k}", r, lambda v: v >= 8,
-            "{:.1f}x faster")
-        r = ratio(t, f"asyncio_gwc/{k}/8", f"gwc_lazy/{k}/8")
-        add(f"≥ 200x faster than asyncio `gather_with_concurrency(8)`, {k}", r,
-            lambda v: v >= 200, "{:.0f}x faster")
+        # With suspending tasks no fan-out beats the lazy floor (one post per
+        # task), so the floor's own speed-up over the baseline is the ceiling.
+        for base, what, goal, fmt in [
+                ("cospawn_semaphore", "`co_spawn` + semaphore (limit 8)", 8, "{:.1f}x"),
+                ("asyncio_gwc", "asyncio `gather_with_concurrency(8)`", 200, "{:.0f}x")]:
+            r = ratio(t, f"{base}/{k}/8", f"gwc_lazy/{k}/8")
+            ceiling = ratio(t, f"{base}/{k}/8", f"floor_lazy/{k}/10000")
+            text = fmt + " faster"
+            if k == "suspending" and ceiling is not None:
+                text += " (ceiling: the lazy floor itself is " + fmt.format(ceiling) + " faster)"
+            add(f"≥ {goal}x faster than {what}, {k}", r, lambda v, g=goal: v >= g, text)
     for form in ("lazy", "vector"):
         for n in (10_000, 100_000, 1_000_000):
             r = ratio(t, f"gather_{form}/suspending/{n}", f"cospawn_counter_{form}/suspending/{n}")
+            text = "{:.2f}x"
+            ga = t.get(f"gather_{form}/suspending/{n}/allocs")
+            ca = t.get(f"cospawn_counter_{form}/suspending/{n}/allocs")
+            if ga is not None and ca is not None:
+                text += f" ({ga:.2f} vs {ca:.2f} allocations/task)"
             add(f"unbounded `gather` ({form}, {n:,} suspending tasks) ≤ 1.1x `co_spawn` + counter",
-                r, lambda v: v <= 1.1)
+                r, lambda v: v <= 1.1, text)
             if form == "lazy":
                 r = ratio(t, f"gather_lazy/suspending/{n}", f"cospawn_cancellable_lazy/suspending/{n}")
                 add("(for reference) the same ≤ 1.1x `co_spawn` + counter + a signal per task",
@@ -271,8 +283,9 @@ def markdown(t, study, target_rows):
             "lazy input also × the same with a `cancellation_signal` bound to each task, "
             "which gather needs to cancel its children)", "",
             "| tasks | input | immediate: `gather` ns/task | × `co_spawn` + counter | "
-            "suspending once: `gather` ns/task | × `co_spawn` + counter | × with signals |",
-            "|---|---|---|---|---|---|---|"]
+            "suspending once: `gather` ns/task | × `co_spawn` + counter | × with signals | "
+            "allocations/task: `gather`, counter, with signals |",
+            "|---|---|---|---|---|---|---|---|"]
     for n in (10_000, 100_000, 1_000_000):
         for form in ("lazy", "vector"):
             cells = []
@@ -281,6 +294,9 @@ def markdown(t, study, target_rows):
                 cells += [fmt_ns(g), "—" if g is None or c is None else f"{g / c:.2f}x"]
             g, c = t.get(f"gather_{form}/suspending/{n}"), t.get(f"cospawn_cancellable_{form}/suspending/{n}")
             cells.append("—" if g is None or c is None else f"{g / c:.2f}x")
+            allocs = [t.get(f"{w}_{form}/suspending/{n}/allocs")
+                      for w in ("gather", "cospawn_counter", "cospawn_cancellable")]
+            cells.append(", ".join("—" if a is None else f"{a:.2f}" for a in allocs))
             out.append(f"| {n:,} | {form} | " + " | ".join(cells) + " |")
     for pre, where in [("", "this Asio"), ("boost:", "Boost.Asio 1.81 (Asio 1.26; `make bench-boost`)")]:
         pg = sorted(k for k in t if k.startswith(pre + "parallel_group_ranged/"))

@@ -328,6 +328,28 @@ TEMPLATE_TEST_CASE("unbounded gather keeps input order and settles with return_e
   }
 }
 
+TEST_CASE(
+    "unbounded gather over a mix of immediate and slow tasks keeps order and runs all at once",
+    "[gather]") {
+  // Runs of immediate tasks go through one worker, slow tasks are spawned
+  // bare: every slow task must still start at t = 0.
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  auto immediate = [](int v) -> asio::awaitable<int> {
+    co_return v;
+  };
+  std::vector<asio::awaitable<int>> v;
+  std::vector<int> expected;
+  for (int i = 0; i < 30; ++i) {
+    v.push_back(i % 7 < 3 ? immediate(i) : call_returning(svc, i));
+    expected.push_back(i);
+  }
+  auto r = loop.run(sluice::gather(std::move(v)));
+  CHECK(r == expected);
+  CHECK(svc.max_in_flight() == 16);  // i % 7 in {3, 4, 5, 6} for i < 30
+  CHECK(loop.now() == 1s);
+}
+
 TEST_CASE("return_exceptions over void tasks gives outcome<void> slots", "[gather]") {
   virtual_loop loop;
   auto r = loop.run([]() -> asio::awaitable<std::vector<sluice::outcome<void>>> {

@@ -126,8 +126,8 @@ asio::awaitable<void, Executor> gather_worker(std::shared_ptr<State> s, std::siz
   } while (pull(*s, self, task, index));
 }
 
-// The completion of one task of an unbounded gather, which is spawned as a
-// child of its own (no worker frame around it): stores the value or the
+// The completion of a task of an unbounded gather that is spawned as a child
+// of its own (no worker frame around it): stores the value or the
 // outcome, or fails fast. The state is not owned: the parent's join waits for
 // every child's completion, so it outlives every call; a child whose loop is
 // destroyed before it completes never calls it.
@@ -185,10 +185,23 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   std::size_t index = 0;
   if constexpr (spawn_bare<State>) {
     if (limit == unbounded) {
-      // One child per task, the task itself: nothing to pull later, and a
-      // worker frame would only wrap it.
-      while (pull(*s, child_set::none, task, index))
-        s->children->spawn(ex, std::move(task), task_done<State>{s.get(), index});
+      // co_spawn runs a child inline up to its first suspension. A worker
+      // that finds its task done at once pulls and runs the next one in the
+      // same frame, so a run of immediate tasks costs one co_spawn; a task
+      // that suspends is best spawned bare (no worker frame around it). So:
+      // a worker first, and again after every worker that ran on through
+      // more than its own task; bare tasks otherwise.
+      bool chained = true;
+      while (pull(*s, child_set::none, task, index)) {
+        if (chained) {
+          const std::size_t pulled_before = s->pulled;
+          s->children->spawn(ex, gather_worker<State, executor_type>(s, s->children->size(),
+                                                                     std::move(task), index));
+          chained = s->pulled != pulled_before;
+        } else {
+          s->children->spawn(ex, std::move(task), task_done<State>{s.get(), index});
+        }
+      }
     }
   }
   while (s->children->size() < limit && pull(*s, child_set::none, task, index))
