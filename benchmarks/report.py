@@ -37,6 +37,10 @@ BOOST_FILTER = {"gather_bench": "parallel_group_ranged|(gather|cospawn_counter)_
                 "primitives_bench": "handoff|post_round_trip|transfer"}
 
 
+# The limits' benchmarks, each with its own baselines (see limits_table).
+LIMIT_BENCHES = ("rate_limiter_bench", "keyed_bench", "shared_semaphore_bench", "redis_bench")
+
+
 def run_benchmarks(build, out, min_time, repetitions, prefix="", filters=None):
     for exe in sorted(glob.glob(os.path.join(build, "benchmarks", "*_bench"))):
         name = os.path.basename(exe)
@@ -83,7 +87,8 @@ def load_google(path, timings, study, prefix=""):
             continue
         if "allocs_per_task" in b:
             timings[name + "/allocs"] = b["allocs_per_task"]
-        for counter in ("ns_per_task", "per_handoff", "per_item", "per_waiter", "per_post"):
+        for counter in ("ns_per_task", "per_handoff", "per_item", "per_waiter", "per_post",
+                        "per_acquire", "per_call"):
             if counter in b:
                 timings[name] = b[counter] * 1e9  # Google Benchmark writes seconds
                 break
@@ -93,18 +98,24 @@ def load_google(path, timings, study, prefix=""):
             elif name.startswith("peak_rss"):
                 timings[name + "/peak_rss_kb"] = b["peak_rss_kb"]
                 timings[name + "/rss_growth_kb"] = b["rss_growth_kb"]
-            else:  # plain per-iteration time in ns
-                timings[name] = b["cpu_time"] * {"ns": 1, "us": 1e3, "ms": 1e6}[b["time_unit"]]
+            else:  # plain per-iteration time in ns (wall time where the case asked for it)
+                clock = "real_time" if name.endswith("/real_time") else "cpu_time"
+                timings[name] = b[clock] * {"ns": 1, "us": 1e3, "ms": 1e6}[b["time_unit"]]
     return data.get("context", {})
 
 
 def collect(out):
     timings, study, context = {}, [], {}
     for path in sorted(glob.glob(os.path.join(out, "*_bench.json"))):
-        if os.path.basename(path).startswith("boost_"):
+        base = os.path.basename(path)
+        if base.startswith("boost_"):
             load_google(path, timings, study, "boost:")
         else:
             context = load_google(path, timings, study) or context
+        if base[:-len(".json")] in LIMIT_BENCHES:
+            # These binaries share case names (their own floors): keep a
+            # copy under "<binary>:<case>" so each ratio stays in one process.
+            load_google(path, timings, [], base[:-len(".json")] + ":")
     for path in sorted(glob.glob(os.path.join(out, "*_asyncio.json"))):
         with open(path) as f:
             data = json.load(f)
@@ -349,12 +360,67 @@ def markdown(t, study, target_rows):
         out.append(f"| {label} | {fmt_ns(a)} | {peer_label} | {fmt_ns(b)} | "
                    f"{'—' if a is None or b is None else f'{a / b:.2f}x'} | "
                    f"{fmt_ns(t.get(py)) if py else '—'} |")
+    out += limits_table(t)
     out += ["", "**Against DESIGN.md's targets** (generated from `build/bench/report.json`)", "",
             "| target | measured | |", "|---|---|---|"]
     for r in target_rows:
         status = "—" if r["met"] is None else ("met" if r["met"] else "*missed*")
         out.append(f"| {r['target']} | {r['measured'] or 'not measured'} | {status} |")
     return "\n".join(out) + "\n"
+
+
+def limits_table(t):
+    """Provider limits, the process-wide cap and the fleet: each beside the
+    same binary's `sluice::semaphore` and a peer measured in that binary."""
+    out = ["", "**Limits** (`rate_limiter_bench`, `keyed_bench`, `shared_semaphore_bench`, "
+           "`redis_bench`; CPU ns per acquire + release unless marked wall; each ratio within "
+           "one binary)", "",
+           "| workload | sluice ns | × `sluice::semaphore` | peer | peer ns | sluice / peer |",
+           "|---|---|---|---|---|---|"]
+    rl, kb = "rate_limiter_bench:", "keyed_bench:"
+    ss, rb = "shared_semaphore_bench:", "redis_bench:"
+    rows = [
+        ("`rate_limiter::acquire()`, window has room", rl + "rate_limiter_acquire_free",
+         rl + "semaphore_uncontended", "one nested `co_await`", rl + "nested_co_await"),
+        ("`rate_limiter::try_acquire()`, window has room", rl + "rate_limiter_try_acquire_free",
+         rl + "semaphore_uncontended", "one nested `co_await`", rl + "nested_co_await"),
+        ("`token_bucket::acquire()`, tokens there", rl + "token_bucket_acquire_free",
+         rl + "semaphore_uncontended", "one nested `co_await`", rl + "nested_co_await"),
+        ("`keyed_semaphore`, int key", kb + "keyed_uncontended<int>",
+         kb + "semaphore_uncontended", "—", None),
+        ("`keyed_semaphore`, string key", kb + "keyed_uncontended<std::string>",
+         kb + "semaphore_uncontended", "—", None),
+        ("`keyed_semaphore::try_acquire`, int key", kb + "keyed_try<int>",
+         kb + "semaphore_uncontended", "—", None),
+        ("`single_flight`, 16 callers of one key (per caller)", kb + "single_flight_hit/16",
+         kb + "semaphore_uncontended", "each caller calls (per call)", kb + "direct_call/16"),
+        ("`shared_semaphore` uncontended", ss + "shared_semaphore_uncontended",
+         ss + "semaphore_uncontended", "`std::counting_semaphore`",
+         ss + "counting_semaphore_uncontended"),
+        ("`shared_semaphore::try_acquire`", ss + "shared_semaphore_try_acquire",
+         ss + "semaphore_uncontended", "`std::counting_semaphore`",
+         ss + "counting_semaphore_uncontended"),
+        ("`shared_semaphore` of 1, 2 threads (per acquire, wall; FIFO hand-off)",
+         ss + "shared_semaphore_contended_2_threads/real_time", ss + "semaphore_uncontended",
+         "`std::counting_semaphore` (barging)",
+         ss + "counting_semaphore_contended_2_threads/real_time"),
+        ("`redis::semaphore` acquire + release, loopback (wall)",
+         rb + "BM_redis_semaphore_acquire_release/real_time",
+         rb + "BM_local_semaphore_acquire_release/real_time", "one `PING` round trip",
+         rb + "BM_redis_ping_round_trip/real_time"),
+        ("`redis::rate_limiter` acquire, loopback (wall)",
+         rb + "BM_redis_rate_limiter_acquire/real_time",
+         rb + "BM_local_semaphore_acquire_release/real_time", "one `PING` round trip",
+         rb + "BM_redis_ping_round_trip/real_time"),
+    ]
+    for label, ours, sem, peer_label, peer in rows:
+        a, m, b = t.get(ours), t.get(sem), t.get(peer) if peer else None
+        out.append(f"| {label} | {fmt_ns(a)} | "
+                   f"{'—' if a is None or m is None else f'{a / m:.2f}x'} | {peer_label} | "
+                   f"{fmt_ns(b)} | {'—' if a is None or b is None else f'{a / b:.2f}x'} |")
+    if not any(k.startswith(rb) for k in t):
+        out += ["", "(`redis_bench` reports itself skipped where `redis-server` cannot start.)"]
+    return out
 
 
 # ---------------------------------------------------------------- plots
