@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -261,4 +262,22 @@ TEST_CASE("the time scale shrinks latencies for real-time demos", "[slow_service
   virtual_loop loop;
   loop.run(svc.call());
   CHECK(loop.now() == 100ms);
+}
+
+TEST_CASE("a latency model that throws fails the call and leaves nothing in flight",
+          "[slow_service]") {
+  slow_service svc({.latency = [](const call_info& c) -> std::chrono::nanoseconds {
+    if (c.index == 1) throw std::domain_error("no latency for call 1");
+    return 1s;
+  }});
+  virtual_loop loop;
+  loop.run(svc.call());
+  CHECK_THROWS_AS(loop.run(svc.call("k")), std::domain_error);
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.in_flight("k") == 0);
+  loop.run(svc.call("k"));
+  CHECK(svc.max_in_flight("k") == 1);
+  CHECK(svc.collisions() == 0);
+  CHECK(svc.calls() == 3);
+  CHECK(svc.completed() == 2);
 }

@@ -235,11 +235,16 @@ class slow_service {
                                 (over_global ? "quota" : "per-key quota"),
                             index, key);
     }
+    clock::duration scaled{};
+    try {  // a latency model that throws leaves no call in flight
+      scaled = std::chrono::duration_cast<clock::duration>(opt_.latency(info) * opt_.time_scale);
+    } catch (...) {
+      finish(index, t0, call_result::failed);
+      throw;
+    }
     starts_.push_back(t0);
     if (ks && opt_.key_quota.calls_per_window) ks->starts.push_back(t0);
     enter(key);
-    const auto lat = opt_.latency(info);
-    const auto scaled = std::chrono::duration_cast<clock::duration>(lat * opt_.time_scale);
     try {
       co_await sluice::detail::wait_until(ex, vclock, t0 + scaled);
     } catch (...) {
