@@ -128,33 +128,43 @@ asio::awaitable<void, Executor> gather_worker(std::shared_ptr<State> s, std::siz
 
 // The completion of a task of an unbounded gather that is spawned as a child
 // of its own (no worker frame around it): stores the value or the
-// outcome, or fails fast. The state is not owned: the parent's join waits for
-// every child's completion, so it outlives every call; a child whose loop is
-// destroyed before it completes never calls it.
+// outcome, or fails fast. A value that throws while it is stored is the
+// task's failure, as in a worker. The state is not owned: the parent's join
+// waits for every child's completion, so it outlives every call; a child
+// whose loop is destroyed before it completes never calls it.
 template <class State>
 struct task_done {
   State* s;
-  std::size_t index;  // the task's index, which is also its child's
+  std::size_t index;  // the task's index
+  std::size_t child;  // its child's index (differs once a worker ran several tasks)
   template <class... V>
   std::exception_ptr operator()(std::exception_ptr e, V&&... v) const {
-    if (e) {
-      if constexpr (State::settle) {
-        s->store(index, std::move(e));
-      } else {
-        s->fail(std::move(e), index);
+    if (!e) {
+      try {
+        if constexpr (State::store_results) s->store(index, std::forward<V>(v)...);
+        return nullptr;
+      } catch (...) {
+        e = std::current_exception();
       }
-    } else if constexpr (State::store_results) {
-      s->store(index, std::forward<V>(v)...);
+    }
+    if constexpr (State::settle) {
+      s->store(index, std::move(e));
+    } else {
+      s->fail(std::move(e), child);
     }
     return nullptr;
   }
 };
 
-// co_spawn completes a failed child with a default-constructed T, so only such
-// tasks can be spawned bare; the others run inside a worker.
+// co_spawn completes a failed child with a default-constructed T, and moves
+// the value of a child that succeeded where an exception would escape the
+// loop, so only such tasks can be spawned bare; the others run inside a
+// worker.
 template <class State>
-inline constexpr bool spawn_bare = std::is_void_v<typename State::value_type> ||
-                                   std::is_default_constructible_v<typename State::value_type>;
+inline constexpr bool spawn_bare =
+    std::is_void_v<typename State::value_type> ||
+    (std::is_default_constructible_v<typename State::value_type> &&
+     std::is_nothrow_move_constructible_v<typename State::value_type>);
 
 inline constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
 
@@ -199,7 +209,8 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
                                                                      std::move(task), index));
           chained = s->pulled != pulled_before;
         } else {
-          s->children->spawn(ex, std::move(task), task_done<State>{s.get(), index});
+          s->children->spawn(ex, std::move(task),
+                             task_done<State>{s.get(), index, s->children->size()});
         }
       }
     }
@@ -208,11 +219,18 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
     s->children->spawn(
         ex, gather_worker<State, executor_type>(s, s->children->size(), std::move(task), index));
 
+  // The join runs to the end even for a caller cancelled meanwhile: a task
+  // may have cancelled it while it was being started (inline), and then no
+  // cancellation handler of the join saw the request, so it is passed on here.
+  const bool throw_before = co_await asio::this_coro::throw_if_cancelled();
+  co_await asio::this_coro::throw_if_cancelled(false);
+  if (caller.cancelled() != asio::cancellation_type::none) s->children->cancel_from_parent();
   // The token is a named local: g++ 12 may destroy a co_await operand's
   // brace-initialised temporaries twice.
   error_code ec;
   auto join_token = asio::redirect_error(asio::use_awaitable_t<executor_type>(), ec);
   co_await s->children->async_join(ex, join_token);
+  co_await asio::this_coro::throw_if_cancelled(throw_before);
   if (s->first_error) std::rethrow_exception(s->first_error);
   if (ec) throw system_error(ec, "sluice::gather");
   if (auto e = s->children->escaped()) std::rethrow_exception(e);

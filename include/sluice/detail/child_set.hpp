@@ -173,6 +173,14 @@ class child_set : public std::enable_shared_from_this<child_set> {
       if (i != except) cancel(i, type);
   }
 
+  // The joining parent was cancelled: parent_cancelled() becomes true and every
+  // running child is cancelled (terminal); the join completes with
+  // operation_aborted.
+  void cancel_from_parent() {
+    parent_cancelled_ = true;
+    cancel_all();
+  }
+
   // Waits until no child runs: void(error_code). If the waiting parent is
   // cancelled meanwhile, every child is cancelled, the join still waits for all
   // of them, then completes with operation_aborted. Never completes inline.
@@ -189,9 +197,7 @@ class child_set : public std::enable_shared_from_this<child_set> {
           auto slot = asio::get_associated_cancellation_slot(handler);
           if (slot.is_connected()) {
             slot.assign([s = self.get()](asio::cancellation_type type) {
-              if (type == asio::cancellation_type::none) return;
-              s->parent_cancelled_ = true;
-              s->cancel_all();
+              if (type != asio::cancellation_type::none) s->cancel_from_parent();
             });
           }
           self->joiner_ = erased_handler<error_code>(std::move(handler), ex);
