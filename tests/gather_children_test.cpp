@@ -252,23 +252,31 @@ TEST_CASE(
 
 TEST_CASE("a caller cancelled from outside the loop reaches every running task at once",
           "[gather]") {
-  // Worker and bare children alike: the emit takes effect synchronously on
-  // both Asio versions (co_spawn's cancellation handler must not dispatch).
-  virtual_loop loop;
-  asio::cancellation_signal cancel;
-  int seen = 0;
-  std::string how;
-  std::vector<asio::awaitable<int>> v;
-  for (int i = 0; i < 50; ++i) v.push_back(until_cancelled(seen, false, i));
-  asio::co_spawn(
-      loop.get_executor(), sluice_test::ending_of(sluice::gather(std::move(v))),
-      sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr, std::string s) { how = s; }));
-  loop.poll();
-  REQUIRE(seen == 0);
-  cancel.emit(asio::cancellation_type::terminal);
-  CHECK(seen == 50);
-  loop.poll();
-  CHECK(how == "aborted");
+  // Worker and bare children alike, on the loop's executor and on a strand:
+  // the emit takes effect synchronously on both Asio versions (co_spawn's
+  // cancellation handler for a child must not dispatch to an executor).
+  for (bool on_strand : {false, true}) {
+    virtual_loop loop;
+    asio::cancellation_signal cancel;
+    int seen = 0;
+    std::string how;
+    std::vector<asio::awaitable<int>> v;
+    for (int i = 0; i < 50; ++i) v.push_back(until_cancelled(seen, false, i));
+    auto done =
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr, std::string s) { how = s; });
+    auto call = sluice_test::ending_of(sluice::gather(std::move(v)));
+    if (on_strand) {
+      asio::co_spawn(asio::make_strand(loop.get_executor()), std::move(call), std::move(done));
+    } else {
+      asio::co_spawn(loop.get_executor(), std::move(call), std::move(done));
+    }
+    loop.poll();
+    REQUIRE(seen == 0);
+    cancel.emit(asio::cancellation_type::terminal);
+    CHECK(seen == 50);
+    loop.poll();
+    CHECK(how == "aborted");
+  }
 }
 
 TEST_CASE("a child set's cancel() reaches a running child at once, from outside the loop",
@@ -367,6 +375,31 @@ TEST_CASE("a lazy input that throws midway through a mix of tasks cancels them a
   CHECK(how == sluice_test::input_broken().what());
   CHECK(svc.calls() == 26);  // i < 40 with i % 3 != 0
   CHECK(svc.cancellations() == 26);
+  CHECK(loop.now() == 0s);
+}
+
+TEST_CASE("a task that fails at once stops unbounded gather from starting any later task",
+          "[gather]") {
+  // Fail fast: the first exception stops the pulling. Task 2 throws before
+  // it suspends, while gather is still starting tasks: tasks 3.. must not
+  // be pulled or started (a worker fails at once; a bare task's completion
+  // must not wait until every later task was started).
+  slow_service svc({.latency = latency::fixed(1s)});
+  virtual_loop loop;
+  auto throws_at_once = []() -> asio::awaitable<int> {
+    throw std::runtime_error("failed at once");
+    co_return 0;
+  };
+  sluice_test::lazy_tasks<asio::awaitable<int>> input(100, [&](std::size_t i) {
+    return i == 2 ? throws_at_once() : call_returning(svc, static_cast<int>(i));
+  });
+  std::string how;
+  loop.run([&]() -> asio::awaitable<void> {
+    how = co_await sluice_test::ending_of(sluice::gather(input));
+  });
+  CHECK(how == "failed at once");
+  CHECK(input.pulled() == 3);
+  CHECK(svc.calls() == 2);
   CHECK(loop.now() == 0s);
 }
 
