@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSL-1.0
-// Unbounded gather's children (a worker first, bare tasks after it) and the
-// child set's own cancellation slots: fail fast, caller cancellation,
-// re-entrancy and lifetimes.
+// Gather's children (one worker per task when unbounded, chaining through
+// tasks that complete at once) and the child set's own cancellation slots:
+// fail fast, caller cancellation, re-entrancy and lifetimes.
 #include <sluice/detail/child_set.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/testing/slow_service.hpp>
@@ -153,11 +153,11 @@ asio::awaitable<T> value_after(slow_service& svc, int v) {
 }  // namespace
 
 TEST_CASE(
-    "a bare task's failure cancels every sibling, also after a worker ran on through immediate "
+    "a task's failure cancels every sibling, also after a worker ran on through immediate "
     "tasks",
     "[gather]") {
-  // Children: 0 is a worker that runs tasks 0, 1 and 2; 1 is a worker with
-  // task 3; then tasks 4.. are bare children 2... Task 4 fails at 1 s: every
+  // Children: 0 is a worker that runs tasks 0, 1 and 2; then one worker per
+  // task, so child and task indices differ. Task 4 fails at 1 s: every
   // sibling must be cancelled at 1 s, child 4 (task 6) too. The others
   // swallow their cancellation, so no further failure cancels anyone again.
   slow_service svc({.latency = latency::fixed(10s)});
@@ -191,10 +191,9 @@ TEST_CASE(
 
 TEMPLATE_TEST_CASE("a result that throws when it is moved or assigned fails the gather fast",
                    "[gather]", assign_throws, move_throws) {
-  // Task 0 (a worker) suspends, so tasks 1.. are bare children. Task 1's
-  // value throws on its way into the result: that is task 1's failure (as
-  // when a worker runs it), rethrown after the siblings were cancelled;
-  // nothing escapes the loop.
+  // Task 1's value throws on its way into the result: that is task 1's
+  // failure, rethrown after the siblings were cancelled; nothing escapes the
+  // loop.
   slow_service svc({.latency = latency::sequence({10s, 1s, 10s, 10s, 10s})});
   virtual_loop loop;
   std::string how;
@@ -223,7 +222,7 @@ TEST_CASE(
     "[gather]") {
   // Task 2 cancels the caller while gather is still starting tasks (inline):
   // gather must cancel the tasks it started and wait for them, not return
-  // with them running (bare tasks refer to the call's state).
+  // with them running (they refer to the call's state), nor start more.
   slow_service svc({.latency = latency::fixed(1s)});
   virtual_loop loop;
   asio::cancellation_signal cancel;
@@ -248,11 +247,12 @@ TEST_CASE(
   CHECK(how == "aborted");
   CHECK(in_flight_at_return == 0);
   CHECK(svc.in_flight() == 0);
+  CHECK(svc.calls() == 2);  // tasks 1 and 2; task 3 was never started
 }
 
 TEST_CASE("a caller cancelled from outside the loop reaches every running task at once",
           "[gather]") {
-  // Worker and bare children alike, on the loop's executor and on a strand:
+  // On the loop's executor and on a strand:
   // the emit takes effect synchronously on both Asio versions (co_spawn's
   // cancellation handler for a child must not dispatch to an executor).
   for (bool on_strand : {false, true}) {
@@ -285,11 +285,10 @@ TEST_CASE("a child set's cancel() reaches a running child at once, from outside 
   auto set = std::make_shared<sluice::detail::child_set>();
   int seen = 0;
   int value = 0;
-  set->spawn(asio::any_io_executor(loop.get_executor()), until_cancelled(seen, false, 7),
-             [&](std::exception_ptr e, int v) -> std::exception_ptr {
-               value = v;
-               return e;
-             });
+  auto child = [&]() -> asio::awaitable<void> {
+    value = co_await until_cancelled(seen, false, 7);
+  };
+  set->spawn(asio::any_io_executor(loop.get_executor()), child());
   loop.poll();
   REQUIRE(set->running(0));
   set->cancel(0);
@@ -343,7 +342,7 @@ TEST_CASE("tasks that complete inside the cancellation of a failure are all coun
   }
 }
 
-TEST_CASE("thousands of bare tasks are all cancelled by one failure", "[gather]") {
+TEST_CASE("thousands of tasks are all cancelled by one failure", "[gather]") {
   slow_service svc({.latency = latency::fixed(10s)});
   virtual_loop loop;
   std::string how;
@@ -389,8 +388,8 @@ TEST_CASE("a task that fails at once stops unbounded gather from starting any la
           "[gather]") {
   // Fail fast: the first exception stops the pulling. Task 2 throws before
   // it suspends, while gather is still starting tasks: tasks 3.. must not
-  // be pulled or started (a worker fails at once; a bare task's completion
-  // must not wait until every later task was started).
+  // be pulled or started (a child's completion is posted: the failure must
+  // be seen by the worker that runs it, at once).
   slow_service svc({.latency = latency::fixed(1s)});
   virtual_loop loop;
   auto throws_at_once = []() -> asio::awaitable<int> {
@@ -410,10 +409,10 @@ TEST_CASE("a task that fails at once stops unbounded gather from starting any la
   CHECK(loop.now() == 0s);
 }
 
-TEST_CASE("an io_context destroyed while gather waits on bare tasks frees everything", "[gather]") {
+TEST_CASE("an io_context destroyed while gather waits on its tasks frees everything", "[gather]") {
   // ASan: nothing used after free. (The parent's frame and its child set
   // own each other until the join completes, so a loop destroyed meanwhile
-  // leaks them, before and after bare tasks: LSan is off for this case.)
+  // leaks them: LSan is off for this case.)
   sluice_test::no_leak_check off;
   for (int kind = 0; kind < 3; ++kind) {
     asio::io_context ctx;

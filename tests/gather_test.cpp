@@ -255,9 +255,8 @@ TEST_CASE("return_exceptions runs every task and keeps each value or exception i
 
 namespace {
 
-// A result with no default constructor: unbounded gather cannot spawn such a
-// task bare (co_spawn default-constructs the value of a failed child), so it
-// runs it inside a worker; both paths must behave the same.
+// A result with no default constructor: results are stored as optionals
+// instead of straight into the returned vector; both must behave the same.
 struct no_default {
   explicit no_default(int x) : v(x) {}
   int v;
@@ -331,8 +330,9 @@ TEMPLATE_TEST_CASE("unbounded gather keeps input order and settles with return_e
 TEST_CASE(
     "unbounded gather over a mix of immediate and slow tasks keeps order and runs all at once",
     "[gather]") {
-  // Runs of immediate tasks go through one worker, slow tasks are spawned
-  // bare: every slow task must still start at t = 0.
+  // A worker runs on through immediate tasks and stops at a slow one, which
+  // it waits for: the next task gets a worker of its own, so every slow task
+  // still starts at t = 0.
   slow_service svc({.latency = latency::fixed(1s)});
   virtual_loop loop;
   auto immediate = [](int v) -> asio::awaitable<int> {

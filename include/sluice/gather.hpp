@@ -126,46 +126,7 @@ asio::awaitable<void, Executor> gather_worker(std::shared_ptr<State> s, std::siz
   } while (pull(*s, self, task, index));
 }
 
-// The completion of a task of an unbounded gather that is spawned as a child
-// of its own (no worker frame around it): stores the value or the
-// outcome, or fails fast. A value that throws while it is stored is the
-// task's failure, as in a worker. The state is not owned: the parent's join
-// waits for every child's completion, so it outlives every call; a child
-// whose loop is destroyed before it completes never calls it.
-template <class State>
-struct task_done {
-  State* s;
-  std::size_t index;  // the task's index
-  std::size_t child;  // its child's index (differs once a worker ran several tasks)
-  template <class... V>
-  std::exception_ptr operator()(std::exception_ptr e, V&&... v) const {
-    if (!e) {
-      try {
-        if constexpr (State::store_results) s->store(index, std::forward<V>(v)...);
-        return nullptr;
-      } catch (...) {
-        e = std::current_exception();
-      }
-    }
-    if constexpr (State::settle) {
-      s->store(index, std::move(e));
-    } else {
-      s->fail(std::move(e), child);
-    }
-    return nullptr;
-  }
-};
-
-// co_spawn completes a failed child with a default-constructed T, and moves
-// the value of a child that succeeded where an exception would escape the
-// loop, so only such tasks can be spawned bare; the others run inside a
-// worker.
-template <class State>
-inline constexpr bool spawn_bare =
-    std::is_void_v<typename State::value_type> ||
-    (std::is_default_constructible_v<typename State::value_type> &&
-     std::is_nothrow_move_constructible_v<typename State::value_type>);
-
+// The limit of an unbounded gather.
 inline constexpr std::size_t unbounded = std::numeric_limits<std::size_t>::max();
 
 template <class State>
@@ -193,29 +154,10 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
 
   typename State::task_type task;
   std::size_t index = 0;
-  if constexpr (spawn_bare<State>) {
-    if (limit == unbounded) {
-      // co_spawn runs a child inline up to its first suspension. A worker
-      // that finds its task done at once pulls and runs the next one in the
-      // same frame, so a run of immediate tasks costs one co_spawn; a task
-      // that suspends is best spawned bare (no worker frame around it). So:
-      // a worker first, and again after every worker that ran on through
-      // more than its own task; bare tasks otherwise.
-      bool chained = true;
-      while (pull(*s, child_set::none, task, index)) {
-        if (chained) {
-          const std::size_t pulled_before = s->pulled;
-          s->children->spawn(ex, gather_worker<State, executor_type>(s, s->children->size(),
-                                                                     std::move(task), index));
-          chained = s->pulled != pulled_before;
-        } else {
-          s->children->spawn(ex, std::move(task),
-                             task_done<State>{s.get(), index, s->children->size()});
-        }
-      }
-    }
-  }
-  while (s->children->size() < limit && pull(*s, child_set::none, task, index))
+  // A task that cancels the caller while it is being started (inline) stops
+  // the starting too.
+  while (s->children->size() < limit && caller.cancelled() == asio::cancellation_type::none &&
+         pull(*s, child_set::none, task, index))
     s->children->spawn(
         ex, gather_worker<State, executor_type>(s, s->children->size(), std::move(task), index));
 

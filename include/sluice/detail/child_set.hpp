@@ -107,14 +107,8 @@ class child_slot {
   child_slot_storage* s_;
 };
 
-// What a child's completion does before the set counts it done: returns the
-// exception that escaped the child (recorded by escaped()), or nullptr.
-struct keep_escaped {
-  std::exception_ptr operator()(std::exception_ptr e) const noexcept { return e; }
-};
-
-// The child coroutines of one call (the workers of a gather, of a stream, the
-// tasks of an unbounded gather), child i cancellable through its own slot. It
+// The child coroutines of one call (the workers of a gather, of a stream),
+// child i cancellable through its own slot. It
 // grows as children are added (a deque: slots never move).
 // Held by shared_ptr: by the call and by each running child, so a child that
 // outlives its parent's frame (the loop is being destroyed) touches no freed
@@ -145,16 +139,13 @@ class child_set : public std::enable_shared_from_this<child_set> {
   // tasks' exceptions; this is only set for failures of the machinery).
   [[nodiscard]] std::exception_ptr escaped() const noexcept { return escaped_; }
 
-  // Starts a child on `ex`; returns its index. When it completes, `done` gets
-  // co_spawn's completion arguments (std::exception_ptr, then the value of a
-  // non-void child) and returns the exception to record as escaped(), if any.
-  template <class Executor, class T, class Done = keep_escaped>
-  std::size_t spawn(const Executor& ex, asio::awaitable<T, Executor> child, Done done = {}) {
+  // Starts a child on `ex`; returns its index.
+  template <class Executor>
+  std::size_t spawn(const Executor& ex, asio::awaitable<void, Executor> child) {
     const std::size_t i = slots_.size();
     slots_.emplace_back();
     ++running_;
-    asio::co_spawn(ex, std::move(child),
-                   done_handler<Done>{shared_from_this(), &slots_[i], i, std::move(done)});
+    asio::co_spawn(ex, std::move(child), done_handler{shared_from_this(), &slots_[i], i});
     return i;
   }
 
@@ -211,18 +202,13 @@ class child_set : public std::enable_shared_from_this<child_set> {
   // binder: for a handler with no associated executor, Asio 1.24+ keeps the
   // smallest cancellation handler (a signal, emitted at once) instead of one
   // that holds an executor and dispatches each emit.
-  template <class Done>
   struct done_handler {
     using cancellation_slot_type = child_slot;
     std::shared_ptr<child_set> self;
     child_slot_storage* slot;
     std::size_t i;
-    Done done;
     [[nodiscard]] child_slot get_cancellation_slot() const noexcept { return child_slot(slot); }
-    template <class... V>
-    void operator()(std::exception_ptr e, V&&... v) {
-      self->on_done(i, done(std::move(e), std::forward<V>(v)...));
-    }
+    void operator()(std::exception_ptr e) const { self->on_done(i, std::move(e)); }
   };
 
   void on_done(std::size_t i, std::exception_ptr e) {
