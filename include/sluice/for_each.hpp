@@ -71,8 +71,13 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
       const auto state = co_await asio::this_coro::cancellation_state;
       if (state.cancelled() != asio::cancellation_type::none)
         throw system_error(asio::error::operation_aborted, "sluice::for_each");
-      std::optional<T> r = co_await s.next();
-      if (!r) break;
+      // A result already waiting is taken without a next() frame; next()
+      // only when none does (it waits, starts the stream, or ends it).
+      std::optional<T> r;
+      if (!stream_access::try_take(s, r)) {
+        r = co_await s.next();
+        if (!r) break;
+      }
       bool go_on = true;
       if constexpr (std::is_void_v<result>) {
         std::invoke(body, std::move(*r));

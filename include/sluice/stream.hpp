@@ -37,6 +37,11 @@ struct stream_access {
   static stream<T, Executor> make(std::shared_ptr<stream_core<T, Executor>> core) {
     return stream<T, Executor>(std::move(core));
   }
+  // A result already waiting, without suspending (sluice::for_each).
+  template <class T, class Executor>
+  static bool try_take(stream<T, Executor>& s, std::optional<T>& out) {
+    return s.core_ && s.core_->try_take(out);
+  }
 };
 }  // namespace detail
 

@@ -83,13 +83,8 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     }
     error_code ec;
     for (;;) {
-      if (!c->buffer_.empty()) {
-        std::optional<T> out(std::move(c->buffer_.front()));
-        c->buffer_.pop_front();
-        // Read: its slot goes to the next input at once.
-        c->give_back_slot();
-        co_return out;
-      }
+      // Read: its slot goes to the next input at once.
+      if (std::optional<T> out; c->try_take(out)) co_return out;
       if (c->finished()) break;
       // Named token: g++ 12 may destroy a co_await operand's temporaries twice.
       auto wait_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
@@ -108,6 +103,22 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     if (ec) throw system_error(ec, "sluice::stream::next");
     if (auto e = std::exchange(c->error_, nullptr)) std::rethrow_exception(e);
     co_return std::nullopt;
+  }
+
+  // A result already waiting, handed out without suspending (the fast path
+  // of sluice::for_each): exactly what next() does when one waits, its slot
+  // given back at once. Empty when none waits (not started yet, running,
+  // finished or stopped): the caller then awaits next(), which starts, waits,
+  // ends or reports the failure. Never a cancellation point by itself: a
+  // result that waits is handed out even to a cancelled caller, as by next().
+  // Out parameter, not a returned optional: a small optional<T> returned in
+  // registers costs a store-forwarding stall on every result.
+  bool try_take(std::optional<T>& out) {
+    if (buffer_.empty()) return false;
+    out.emplace(std::move(buffer_.front()));
+    buffer_.pop_front();
+    give_back_slot();
+    return true;
   }
 
   // The stream has already been stopped (abandon()) by stream::close(). The
@@ -201,7 +212,14 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   }
 
   // Sends one worker to a free slot if nobody is on the way to it already.
+  // Called once per task by a worker and once per result by the consumer:
+  // the common case (someone is on the way, or no slot is free) returns
+  // inline.
   void kick() {
+    if (!ending() && (waking_ != 0 || !may_pull() || !started_)) return;
+    kick_slow();
+  }
+  void kick_slow() {
     if (ending()) {
       wake_all();
       return;
@@ -295,7 +313,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   }
 
   void notify_consumer() {
-    if (!consumer_) return;
+    if (consumer_) notify_waiting_consumer();
+  }
+  void notify_waiting_consumer() {
     if (consumer_cancelled_) {
       if (live_ != 0) return;
       consumer_cancelled_ = false;
