@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/result_ring.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -215,11 +216,11 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   // Called once per task by a worker and once per result by the consumer:
   // the common case (someone is on the way, or no slot is free) returns
   // inline.
-  void kick() {
+  [[gnu::always_inline]] void kick() {
     if (!ending() && (waking_ != 0 || !may_pull() || !started_)) return;
     kick_slow();
   }
-  void kick_slow() {
+  [[gnu::noinline]] void kick_slow() {
     if (ending()) {
       wake_all();
       return;
@@ -312,10 +313,10 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     asio::post(*ex_, [self = this->shared_from_this()] { self->notify_consumer(); });
   }
 
-  void notify_consumer() {
+  [[gnu::always_inline]] void notify_consumer() {
     if (consumer_) notify_waiting_consumer();
   }
-  void notify_waiting_consumer() {
+  [[gnu::noinline]] void notify_waiting_consumer() {
     if (consumer_cancelled_) {
       if (live_ != 0) return;
       consumer_cancelled_ = false;
@@ -328,7 +329,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   const std::size_t limit_;
   std::shared_ptr<child_set> children_;
   std::optional<Executor> ex_;
-  std::deque<T> buffer_;
+  result_ring<T> buffer_;
   std::deque<erased_handler<>> parked_;
   erased_handler<error_code> consumer_;
   std::exception_ptr error_;
