@@ -821,6 +821,38 @@ TEST_CASE("next() after the end keeps returning nothing", "[stream]") {
   });
 }
 
+TEST_CASE("a next() made before its stream is destroyed yields nothing when awaited after",
+          "[stream]") {
+  // next() holds the stream's state by a count, not a shared_ptr copy: the
+  // state must outlive the stream for a call made and not yet awaited.
+  virtual_loop loop;
+  slow_service svc({.latency = latency::from(
+                        [](const auto& c) -> nanoseconds { return c.index == 0 ? 1s : 2s; })});
+  loop.run([&]() -> asio::awaitable<void> {
+    std::optional<asio::awaitable<std::optional<int>>> started_call, fresh_call, never_awaited;
+    {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3);
+      auto first = co_await s.next();  // at 1 s; 1 and 2 still run
+      CHECK(first == 0);
+      started_call.emplace(s.next());
+      never_awaited.emplace(s.next());
+    }  // destroyed: the tasks are cancelled, unread results dropped
+    {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3);
+      fresh_call.emplace(s.next());
+    }  // never started
+    auto late = co_await std::move(*started_call);
+    auto never_started = co_await std::move(*fresh_call);
+    CHECK_FALSE(late);
+    CHECK_FALSE(never_started);
+    never_awaited.reset();  // the last call of the first stream: its state goes
+    co_await sluice::sleep(5s);
+  });
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.calls() == 3);
+  CHECK(svc.cancellations() == 2);
+}
+
 TEST_CASE("next() after a rethrown failure returns nothing and nothing runs any more", "[stream]") {
   virtual_loop loop;
   slow_service svc({.latency = latency::fixed(1s)});

@@ -147,7 +147,7 @@ class stream {
   /// Lifetimes: the awaited call keeps the stream's state alive by itself.
   [[nodiscard]] asio::awaitable<std::optional<T>, Executor> next() {
     if (!core_) return empty_next();
-    return core_type::next(core_);
+    return core_type::next(typename core_type::next_ref(core_.get()));
   }
 
   /// Stops the stream and waits: no more input is pulled, running tasks are
@@ -186,7 +186,7 @@ class stream {
   explicit stream(std::shared_ptr<core_type> core) noexcept : core_(std::move(core)) {}
 
   void abandon() noexcept {
-    if (core_) std::exchange(core_, nullptr)->abandon();
+    if (core_) core_type::release(std::exchange(core_, nullptr));
   }
   static asio::awaitable<std::optional<T>, Executor> empty_next() {
     co_return std::nullopt;

@@ -63,10 +63,49 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
 
   // ---- consumer side -------------------------------------------------------
 
-  static asio::awaitable<std::optional<T>, Executor> next(std::shared_ptr<stream_core> c) {
+  // A next() call's hold on the core: a plain count (a stream is
+  // loop-affine), not a shared_ptr copy per call. A stream that lets go of
+  // the core while calls it made still exist (made and not yet awaited, or
+  // not yet destroyed) leaves the core holding itself until the last of them
+  // is gone (release()).
+  class next_ref {
+   public:
+    explicit next_ref(stream_core* c) noexcept : c_(c) { ++c_->next_refs_; }
+    next_ref(next_ref&& other) noexcept : c_(std::exchange(other.c_, nullptr)) {}
+    next_ref& operator=(next_ref&&) = delete;
+    ~next_ref() {
+      if (c_ != nullptr && --c_->next_refs_ == 0 && c_->self_) {
+        auto last = std::move(c_->self_);  // may destroy the core: c_ is not used after
+      }
+    }
+    stream_core* operator->() const noexcept { return c_; }
+
+   private:
+    stream_core* c_;
+  };
+
+  // The stream lets go of its core (destroyed, or assigned another): stops
+  // it, and keeps it alive while next() calls the stream made still exist.
+  static void release(std::shared_ptr<stream_core> c) noexcept {
+    c->abandon();
+    if (c->next_refs_ != 0) {
+      stream_core* raw = c.get();
+      raw->self_ = std::move(c);
+    }
+  }
+
+  static asio::awaitable<std::optional<T>, Executor> next(next_ref c) {
     if (c->consumer_)
       throw std::logic_error(
           "sluice::stream::next: another next() is still waiting; a stream has one consumer");
+    // A result already waiting is handed out at once, whatever the caller's
+    // cancellation state (a stream not started yet has none).
+    if (std::optional<T> out; c->try_take(out)) co_return out;
+    co_return co_await wait_next(c->shared_from_this());
+  }
+
+  // next() when no result waits: starts the stream, waits, ends or reports.
+  static asio::awaitable<std::optional<T>, Executor> wait_next(std::shared_ptr<stream_core> c) {
     // A caller whose cancellation was requested before this call (only
     // possible with throw_if_cancelled(false): Asio throws at the co_await
     // otherwise) starts nothing, and is otherwise treated as one cancelled
@@ -333,6 +372,8 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   std::deque<erased_handler<>> parked_;
   erased_handler<error_code> consumer_;
   std::exception_ptr error_;
+  std::shared_ptr<stream_core> self_;  // see next_ref
+  std::size_t next_refs_ = 0;
   std::size_t used_ = 0;
   std::size_t running_ = 0;
   std::size_t spawned_ = 0;
