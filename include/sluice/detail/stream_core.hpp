@@ -153,7 +153,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   // result that waits is handed out even to a cancelled caller, as by next().
   // Out parameter, not a returned optional: a small optional<T> returned in
   // registers costs a store-forwarding stall on every result.
-  bool try_take(std::optional<T>& out) {
+  [[gnu::always_inline]] bool try_take(std::optional<T>& out) {
     if (buffer_.empty()) return false;
     out.emplace(std::move(buffer_.front()));
     buffer_.pop_front();
