@@ -144,7 +144,8 @@ class stream {
   /// asynchronous source that has `close()` (an upstream stage) is closed and
   /// waited for, so nothing of the pipeline runs on after it.
   ///
-  /// Lifetimes: the awaited call keeps the stream's state alive by itself.
+  /// Lifetimes: the call keeps the stream's state alive by itself; one made
+  /// before the stream was destroyed and awaited after yields nothing.
   [[nodiscard]] asio::awaitable<std::optional<T>, Executor> next() {
     if (!core_) return empty_next();
     return core_type::next(typename core_type::next_ref(core_.get()));
