@@ -266,10 +266,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     }
     if (!started_ || !may_pull() || waking_ != 0) return;
     if (!parked_.empty()) {
-      ++waking_;
-      auto h = std::move(parked_.front());
-      parked_.pop_front();
-      h.complete();
+      wake_one();
     } else if (spawned_ < limit_) {
       spawn();
     }
@@ -304,6 +301,26 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       co_await std::move(closing);
     } catch (...) {
     }
+  }
+
+  // Wakes the first parked worker through a post that looks again when it
+  // runs: if no slot is free by then (the worker that kicked has filled them
+  // all itself, as one running short tasks inline does), the worker stays
+  // parked and is not resumed (no new park for it); otherwise it resumes
+  // there, the post having been the hop to its executor.
+  void wake_one() {
+    ++waking_;
+    auto h = std::move(parked_.front());
+    parked_.pop_front();
+    // `this` outlives the post: the handler owns the worker, which holds the core.
+    asio::post(*ex_, [this, h = std::move(h)]() mutable {
+      if (!ending() && !may_pull()) {
+        --waking_;
+        parked_.push_front(std::move(h));
+        return;
+      }
+      h.complete_here();
+    });
   }
 
   void wake_all() {
