@@ -761,6 +761,48 @@ TEST_CASE("map_unordered runs its tasks on a strand when the consumer runs on on
   CHECK(on_strand == 8);
 }
 
+TEST_CASE("a stream read on another strand than the one that started it resumes its reader there",
+          "[stream]") {
+  virtual_loop loop;
+  auto first = asio::make_strand(loop.get_executor());
+  auto second = asio::make_strand(loop.get_executor());
+  auto task = [&](int i) -> asio::awaitable<int> {
+    co_await sluice::sleep(std::chrono::milliseconds(10 * (i % 3 + 1)));
+    co_return i;
+  };
+  using stream_type = decltype(sluice::map_unordered(task, std::vector<int>{}, 3));
+  std::optional<stream_type> s;
+  int sum = 0;
+  std::size_t read_on_second = 0, reads = 0;
+  auto rethrow = [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  };
+  asio::co_spawn(
+      first,
+      [&]() -> asio::awaitable<void> {
+        s.emplace(sluice::map_unordered(task, std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}, 3));
+        auto r = co_await s->next();  // started here: the tasks run on `first`
+        sum += *r;
+      },
+      rethrow);
+  loop.run_for(15ms);
+  asio::co_spawn(
+      second,
+      [&]() -> asio::awaitable<void> {
+        while (auto r = co_await s->next()) {
+          sum += *r;
+          ++reads;
+          read_on_second += second.running_in_this_thread() ? 1 : 0;
+        }
+        co_await s->close();
+      },
+      rethrow);
+  loop.run_for(1s);
+  CHECK(sum == 36);
+  CHECK(reads == 7);
+  CHECK(read_on_second == 7);
+}
+
 // ---- adversarial review: lifetimes, pipelines, cancellation ----------------
 
 TEST_CASE("a stream destroyed mid-flight inside a coroutine winds down cleanly", "[stream]") {

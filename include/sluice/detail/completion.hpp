@@ -57,6 +57,7 @@ class erased_handler {
     virtual ~base() = default;
     virtual void post(Args... args) = 0;
     virtual void invoke(Args... args) = 0;
+    virtual void clear_slot() = 0;
   };
   template <class Handler, class Executor>
   struct impl final : base {
@@ -65,9 +66,12 @@ class erased_handler {
       post_completion(std::move(handler), fallback, std::move(args)...);
     }
     void invoke(Args... args) override {
+      clear_slot();
+      std::move(handler)(std::move(args)...);
+    }
+    void clear_slot() override {
       auto slot = asio::get_associated_cancellation_slot(handler);
       if (slot.is_connected()) slot.clear();
-      std::move(handler)(std::move(args)...);
     }
     Handler handler;
     Executor fallback;
@@ -87,6 +91,10 @@ class erased_handler {
     auto p = std::move(impl_);
     p->post(std::move(args)...);
   }
+
+  // The operation is completing: no cancellation can reach it any more (Asio
+  // requires the slot cleared before the completion is posted).
+  void clear_slot() { impl_->clear_slot(); }
 
   // Runs the handler now, on this thread; the handler is released. Only from
   // a function that already runs on the handler's executor through a post of

@@ -266,6 +266,11 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     }
     if (!started_ || !may_pull() || waking_ != 0) return;
     if (!parked_.empty()) {
+      if (deferring_kicks_) {
+        ++waking_;  // on the way: resume_consumer() wakes it, without a post
+        kick_deferred_ = true;
+        return;
+      }
       wake_one();
     } else if (spawned_ < limit_) {
       spawn();
@@ -355,6 +360,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
               cancel_consumer();
             });
           }
+          // A consumer on another executor than the workers' (a stream moved
+          // to another strand) is completed by a post of its own.
+          consumer_on_ex_ = asio::get_associated_executor(handler, *ex_) == *ex_;
           consumer_ = erased_handler<error_code>(std::move(handler), *ex_);
           if (cancel_now) cancel_consumer();
         },
@@ -378,7 +386,56 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       consumer_cancelled_ = false;
       consumer_.complete(asio::error::operation_aborted);
     } else if (!buffer_.empty() || finished()) {
+      resume_consumer();
+    }
+  }
+
+  // Hands the consumer a result (or the end) through one post that then also
+  // serves the workers whose slots the consumer frees: while the consumer
+  // runs there (until it suspends again), a kick that would wake a parked
+  // worker through a post of its own is deferred, and the workers are resumed
+  // in the same posted function right after the consumer (resume_parked()).
+  // The workers still run only after the consumer has suspended.
+  void resume_consumer() {
+    if (!consumer_on_ex_) {
       consumer_.complete(error_code());
+      return;
+    }
+    consumer_.clear_slot();
+    asio::post(*ex_, [self = this->shared_from_this(), h = std::move(consumer_)]() mutable {
+      if (self->run_deferring_kicks(h, error_code())) self->resume_parked();
+    });
+  }
+
+  // Runs `h` here with the kicks deferred; true if one was.
+  template <class Handler, class... A>
+  bool run_deferring_kicks(Handler& h, A... a) {
+    deferring_kicks_ = true;
+    try {
+      h.complete_here(a...);
+    } catch (...) {
+      deferring_kicks_ = false;
+      throw;
+    }
+    deferring_kicks_ = false;
+    return std::exchange(kick_deferred_, false);
+  }
+
+  // The deferred kick (counted in waking_): resumes parked workers here, one
+  // after the other, for as long as slots are free, each running until it
+  // suspends (its task does) or parks. Their own kicks are deferred to this
+  // loop, so a wave of freed slots costs the one post that resumed the
+  // consumer instead of one post per worker.
+  void resume_parked() {
+    for (;;) {
+      if (ending() || !may_pull() || parked_.empty()) {
+        --waking_;
+        kick();
+        return;
+      }
+      auto h = std::move(parked_.front());
+      parked_.pop_front();
+      if (!run_deferring_kicks(h)) return;  // it took the wake (unparked())
     }
   }
 
@@ -401,6 +458,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   bool exhausted_ = false;
   bool stopping_ = false;
   bool consumer_cancelled_ = false;
+  bool consumer_on_ex_ = true;    // the waiting consumer runs on ex_
+  bool deferring_kicks_ = false;  // inside resume_consumer()'s post
+  bool kick_deferred_ = false;    // a kick deferred until it returns
   bool input_shut_ = false;
 };
 
