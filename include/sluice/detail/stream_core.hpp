@@ -324,7 +324,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
         parked_.push_front(std::move(h));
         return;
       }
-      h.complete_here();
+      if (run_deferring_kicks(h)) resume_parked();
     });
   }
 
@@ -414,7 +414,13 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     try {
       h.complete_here(a...);
     } catch (...) {
+      // A handler that throws out of the loop: the deferred wake goes by a
+      // post of its own, so the stream does not stall if the loop runs on.
       deferring_kicks_ = false;
+      if (std::exchange(kick_deferred_, false)) {
+        --waking_;
+        kick();
+      }
       throw;
     }
     deferring_kicks_ = false;
