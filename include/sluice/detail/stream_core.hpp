@@ -324,7 +324,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
         parked_.push_front(std::move(h));
         return;
       }
-      if (run_deferring_kicks(h)) resume_parked();
+      h.complete_here();
     });
   }
 
