@@ -38,6 +38,14 @@ namespace sluice::detail {
 // worker when a slot is free and nobody is on the way to take it (waking_ == 0);
 // the woken worker kicks again after its pull, so free slots fill in a chain of
 // posts and a worker that runs short tasks inline fills them all by itself.
+// A wake is a post that looks again when it runs (wake_one()): a worker with
+// no slot by then stays parked. The post that resumes a waiting consumer
+// (resume_consumer()) also serves the slots it frees: kicks are deferred while
+// the consumer runs there, and parked workers resume in that post right after
+// it suspends, so a burst of results costs one post, not one per worker.
+//
+// Results: buffer_ (a ring of at most limit_) is read by next() and, without
+// a next() frame per result, by sluice::for_each (try_take()).
 //
 // Ending: the stream is finished once no input will be pulled any more
 // (exhausted_ or stopping_) and every worker has left its loop (live_ == 0).
