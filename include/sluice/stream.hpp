@@ -39,7 +39,7 @@ struct stream_access {
   }
   // A result already waiting, without suspending (sluice::for_each).
   template <class T, class Executor>
-  static bool try_take(stream<T, Executor>& s, std::optional<T>& out) {
+  [[gnu::always_inline]] static bool try_take(stream<T, Executor>& s, std::optional<T>& out) {
     return s.core_ && s.core_->try_take(out);
   }
 };
