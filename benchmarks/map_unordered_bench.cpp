@@ -6,6 +6,9 @@
 // once; suspending once through a post).
 //   mu_floor_lazy          co_await fn(x) for each input in turn (the floor)
 //   map_unordered          limit 64 over a lazy input, read in completion order
+//                          by a `while (auto r = co_await s.next())` loop
+//   map_unordered_for_each the same stream consumed by sluice::for_each (takes
+//                          results already waiting without a next() frame)
 //   mu_channel_pool        Asio peer: 64 workers on a shared index send results
 //                          through an asio::experimental::channel of capacity 64
 //   mu_cospawn_per_task    one co_spawn per task, a counter for completion
@@ -15,6 +18,7 @@
 //
 #include "bench_common.hpp"
 
+#include <sluice/for_each.hpp>
 #include <sluice/map_unordered.hpp>
 
 #include <sys/wait.h>
@@ -96,6 +100,19 @@ void map_unordered(benchmark::State& state) {
   per_task(state, tasks_per_iteration, K);
 }
 
+template <kind K>
+void map_unordered_for_each(benchmark::State& state) {
+  std::int64_t sum = 0;
+  run_each_iteration(state, [&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(
+        sluice::map_unordered([](std::int64_t i) { return task<K>(static_cast<int>(i)); },
+                              iota_input(tasks_per_iteration), limit),
+        [&](int r) { sum += r; });
+  });
+  benchmark::DoNotOptimize(sum);
+  per_task(state, tasks_per_iteration, K);
+}
+
 // One co_spawn per task, a counter for completion (unbounded).
 template <kind K>
 void cospawn_per_task(benchmark::State& state) {
@@ -148,6 +165,7 @@ void channel_pool(benchmark::State& state) {
 
 SLUICE_BOTH_KINDS(floor_lazy, "mu_floor_lazy");
 SLUICE_BOTH_KINDS(map_unordered, "map_unordered");
+SLUICE_BOTH_KINDS(map_unordered_for_each, "map_unordered_for_each");
 SLUICE_BOTH_KINDS(channel_pool, "mu_channel_pool");
 SLUICE_BOTH_KINDS(cospawn_per_task, "mu_cospawn_per_task");
 

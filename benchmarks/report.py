@@ -174,8 +174,11 @@ def targets(t, study):
                 add("(for reference) the same ≤ 1.1x `co_spawn` + counter + a signal per task",
                     r, lambda v: v <= 1.1)
     for k in ("immediate", "suspending"):
+        r = ratio(t, f"map_unordered_for_each/{k}/64", f"mu_floor_lazy/{k}/64")
+        add(f"`map_unordered` ≤ 2x lazy floor (read by `for_each`), {k}", r, lambda v: v <= 2)
         r = ratio(t, f"map_unordered/{k}/64", f"mu_floor_lazy/{k}/64")
-        add(f"`map_unordered` ≤ 2x lazy floor, {k}", r, lambda v: v <= 2)
+        add(f"(for reference) the same read by a `co_await s.next()` loop, {k}", r,
+            lambda v: v <= 2)
     add("uncontended semaphore ≤ 2x one nested `co_await`",
         ratio(t, "semaphore_uncontended", "nested_co_await"), lambda v: v <= 2)
     add("contended hand-off ≤ one post", ratio(t, "semaphore_handoff", "post_round_trip"),
@@ -336,7 +339,9 @@ def markdown(t, study, target_rows):
             "× the lazy floor)", ""]
     out += table_rows(t, [
         ("lazy floor: `co_await fn(x)` in turn", "mu_floor_lazy/{k}/64"),
-        ("`sluice::map_unordered(fn, xs, 64)`", "map_unordered/{k}/64"),
+        ("`sluice::for_each(sluice::map_unordered(fn, xs, 64), body)`",
+         "map_unordered_for_each/{k}/64"),
+        ("the same stream read by `while (auto r = co_await s.next())`", "map_unordered/{k}/64"),
         ("Asio peer: 64 workers → `asio::experimental::channel` of 64", "mu_channel_pool/{k}/64"),
         ("one `co_spawn` per task + counter", "mu_cospawn_per_task/{k}/64"),
         ("asyncio: bounded `wait(FIRST_COMPLETED)`", "asyncio_map_unordered/{k}/64"),
@@ -510,7 +515,8 @@ def plot_ns(t, out):
           ("Asio a && b", "pair_operators/{k}/2", "asio"),
           ("Asio parallel_group", "pair_parallel_group/{k}/2", "asio")]),
         ("map_unordered(64), 10k inputs",
-         [("sluice map_unordered", "map_unordered/{k}/64", "sluice"),
+         [("sluice map_unordered + for_each", "map_unordered_for_each/{k}/64", "sluice"),
+          ("sluice map_unordered, next() loop", "map_unordered/{k}/64", "sluice"),
           ("Asio: workers + channel", "mu_channel_pool/{k}/64", "asio"),
           ("lazy floor", "mu_floor_lazy/{k}/64", "floor"),
           ("asyncio wait(FIRST_COMPLETED)", "asyncio_map_unordered/{k}/64", "asyncio")]),

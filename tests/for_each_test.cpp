@@ -12,6 +12,7 @@
 #include <support/service_calls.hpp>
 #include <support/spawned.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <optional>
@@ -363,4 +364,120 @@ TEST_CASE("a started stream handed to for_each by a cancelled caller is closed a
   CHECK(in_flight_at_end == 0);
   CHECK(svc.cancellations() == 1);
   CHECK(t.loop.now() == 1500ms);
+}
+
+// ---- results already waiting (taken without a next() frame) ----------------
+
+TEST_CASE("for_each hands out a burst of waiting results in the order next() does", "[for_each]") {
+  // Ties: several tasks finish at the same instant, so results wait in the
+  // buffer and for_each takes them without suspending.
+  const auto latencies = latency::sequence({300ms, 100ms, 100ms, 200ms, 100ms, 300ms, 100ms});
+  auto via_next = [&] {
+    virtual_loop loop;
+    slow_service svc({.latency = latencies});
+    std::vector<int> seen;
+    loop.run([&]() -> asio::awaitable<void> {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 5);
+      while (auto r = co_await s.next()) seen.push_back(*r);
+    });
+    return seen;
+  };
+  auto via_for_each = [&] {
+    virtual_loop loop;
+    slow_service svc({.latency = latencies});
+    std::vector<int> seen;
+    loop.run(sluice::for_each(
+        sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 5),
+        [&](int r) { seen.push_back(r); }));
+    return seen;
+  };
+  const auto expected = via_next();
+  CHECK(expected.size() == 20);
+  CHECK(via_for_each() == expected);
+}
+
+TEST_CASE("while for_each drains a burst each result frees its slot at once and no more",
+          "[for_each]") {
+  // Limit 3, every task 1 s: results come in bursts of 3. The awaitable body
+  // works 100 ms on each, so the next input starts when a result is taken
+  // (not before, not when the body ends).
+  virtual_loop loop;
+  std::vector<nanoseconds> started;
+  std::size_t handed_out = 0, most_in_flight = 0;
+  auto work = [&](int i) -> asio::awaitable<int> {
+    started.push_back(loop.now());
+    most_in_flight = std::max(most_in_flight, started.size() - handed_out);
+    co_await sluice::sleep(1s);
+    co_return i;
+  };
+  loop.run(sluice::for_each(sluice::map_unordered(work, iota_vec(6), 3),
+                            [&](int) -> asio::awaitable<void> {
+                              ++handed_out;
+                              co_await sluice::sleep(100ms);
+                            }));
+  CHECK(handed_out == 6);
+  CHECK(most_in_flight == 3);  // started and not handed out: never above the limit
+  CHECK(started == std::vector<nanoseconds>{0ms, 0ms, 0ms, 1000ms, 1100ms, 1200ms});
+}
+
+TEST_CASE("a body that cancels its own caller midway through a burst stops at once", "[for_each]") {
+  // Limit 6: tasks 0..3 take 1 s, 4 and 5 take 5 s. At 1 s results 0..3
+  // wait in the buffer; the body cancels the caller on the second one.
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::from(
+                        [](const auto& c) -> nanoseconds { return c.index < 4 ? 1s : 5s; })});
+  std::vector<int> seen;
+  std::string how;
+  std::size_t in_flight_at_end = 99;
+  nanoseconds ended_at{};
+  sluice_test::task* self = nullptr;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    how = co_await sluice_test::ending_of(sluice::for_each(
+        sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 6), [&](int r) {
+          seen.push_back(r);
+          if (seen.size() == 2) self->cancel();  // 2 and 3 still wait in the buffer
+        }));
+    in_flight_at_end = svc.in_flight();
+    ended_at = t.loop.now();
+  });
+  self = &consumer;
+  t.loop.run_for(1500ms);
+  CHECK(consumer.done);
+  CHECK(how == "aborted");
+  CHECK(seen == std::vector<int>{0, 1});  // not one result after the cancellation
+  CHECK(in_flight_at_end == 0);
+  // 4 and 5 were cancelled and waited for; the slots freed by taking 0 and 1
+  // pulled nothing (the stream was stopped before a worker could).
+  CHECK(svc.calls() == 6);
+  CHECK(svc.cancellations() == 2);
+  CHECK(ended_at == 1s);
+}
+
+TEST_CASE("a caller cancelled with throw_if_cancelled off stops before a waiting result",
+          "[for_each]") {
+  // The stream was started by next(); 1 and 2 wait in the buffer when the
+  // cancelled caller hands it to for_each: no body runs.
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::fixed(1s)});
+  std::string how;
+  bool body_ran = false;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3);
+    auto first = co_await s.next();  // at 1 s
+    CHECK(first == 0);
+    try {
+      co_await sluice::sleep(10s);  // cancelled at 1.5 s
+    } catch (...) {
+    }
+    how = co_await sluice_test::ending_of(
+        sluice::for_each(std::move(s), [&](int) { body_ran = true; }));
+  });
+  t.loop.run_for(1500ms);
+  consumer.cancel();
+  t.poll();
+  CHECK(consumer.done);
+  CHECK(how == "aborted");
+  CHECK_FALSE(body_ran);
+  CHECK(svc.in_flight() == 0);
 }

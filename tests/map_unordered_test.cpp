@@ -761,6 +761,48 @@ TEST_CASE("map_unordered runs its tasks on a strand when the consumer runs on on
   CHECK(on_strand == 8);
 }
 
+TEST_CASE("a stream read on another strand than the one that started it resumes its reader there",
+          "[stream]") {
+  virtual_loop loop;
+  auto first = asio::make_strand(loop.get_executor());
+  auto second = asio::make_strand(loop.get_executor());
+  auto task = [&](int i) -> asio::awaitable<int> {
+    co_await sluice::sleep(std::chrono::milliseconds(10 * (i % 3 + 1)));
+    co_return i;
+  };
+  using stream_type = decltype(sluice::map_unordered(task, std::vector<int>{}, 3));
+  std::optional<stream_type> s;
+  int sum = 0;
+  std::size_t read_on_second = 0, reads = 0;
+  auto rethrow = [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  };
+  asio::co_spawn(
+      first,
+      [&]() -> asio::awaitable<void> {
+        s.emplace(sluice::map_unordered(task, std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}, 3));
+        auto r = co_await s->next();  // started here: the tasks run on `first`
+        sum += *r;
+      },
+      rethrow);
+  loop.run_for(15ms);
+  asio::co_spawn(
+      second,
+      [&]() -> asio::awaitable<void> {
+        while (auto r = co_await s->next()) {
+          sum += *r;
+          ++reads;
+          read_on_second += second.running_in_this_thread() ? 1 : 0;
+        }
+        co_await s->close();
+      },
+      rethrow);
+  loop.run_for(1s);
+  CHECK(sum == 36);
+  CHECK(reads == 7);
+  CHECK(read_on_second == 7);
+}
+
 // ---- adversarial review: lifetimes, pipelines, cancellation ----------------
 
 TEST_CASE("a stream destroyed mid-flight inside a coroutine winds down cleanly", "[stream]") {
@@ -819,6 +861,38 @@ TEST_CASE("next() after the end keeps returning nothing", "[stream]") {
     auto r = co_await s.next();
     CHECK_FALSE(r);
   });
+}
+
+TEST_CASE("a next() made before its stream is destroyed yields nothing when awaited after",
+          "[stream]") {
+  // next() holds the stream's state by a count, not a shared_ptr copy: the
+  // state must outlive the stream for a call made and not yet awaited.
+  virtual_loop loop;
+  slow_service svc({.latency = latency::from(
+                        [](const auto& c) -> nanoseconds { return c.index == 0 ? 1s : 2s; })});
+  loop.run([&]() -> asio::awaitable<void> {
+    std::optional<asio::awaitable<std::optional<int>>> started_call, fresh_call, never_awaited;
+    {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3);
+      auto first = co_await s.next();  // at 1 s; 1 and 2 still run
+      CHECK(first == 0);
+      started_call.emplace(s.next());
+      never_awaited.emplace(s.next());
+    }  // destroyed: the tasks are cancelled, unread results dropped
+    {
+      auto s = sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(20), 3);
+      fresh_call.emplace(s.next());
+    }  // never started
+    auto late = co_await std::move(*started_call);
+    auto never_started = co_await std::move(*fresh_call);
+    CHECK_FALSE(late);
+    CHECK_FALSE(never_started);
+    never_awaited.reset();  // the last call of the first stream: its state goes
+    co_await sluice::sleep(5s);
+  });
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.calls() == 3);
+  CHECK(svc.cancellations() == 2);
 }
 
 TEST_CASE("next() after a rethrown failure returns nothing and nothing runs any more", "[stream]") {

@@ -71,8 +71,13 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
       const auto state = co_await asio::this_coro::cancellation_state;
       if (state.cancelled() != asio::cancellation_type::none)
         throw system_error(asio::error::operation_aborted, "sluice::for_each");
-      std::optional<T> r = co_await s.next();
-      if (!r) break;
+      // A result already waiting is taken without a next() frame; next()
+      // only when none does (it waits, starts the stream, or ends it).
+      std::optional<T> r;
+      if (!stream_access::try_take(s, r)) {
+        r = co_await s.next();
+        if (!r) break;
+      }
       bool go_on = true;
       if constexpr (std::is_void_v<result>) {
         std::invoke(body, std::move(*r));
@@ -114,7 +119,9 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
 /// `asio::awaitable<bool>`; `false` stops early. It runs on the awaiting
 /// coroutine's executor, one result at a time (an awaitable body is awaited
 /// before the next result is read; the stream's tasks keep running meanwhile,
-/// bounded by its limit).
+/// bounded by its limit). Results that already wait are taken straight from
+/// the stream, without suspending and without a `next()` call each, in the
+/// order `next()` would hand them out; each frees its slot when taken.
 ///
 /// On every way out — the end of the stream, `false`, an exception from the
 /// body, a failure of the stream, cancellation of the caller — `for_each`
@@ -131,7 +138,9 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
 /// Per-Operation Cancellation: cancelling the caller (while a body or
 /// `next()` waits, or before the call when `throw_if_cancelled` is off)
 /// cancels every task, waits for them, then throws `system_error` with
-/// `asio::error::operation_aborted`. The wait runs with `throw_if_cancelled`
+/// `asio::error::operation_aborted`. It is checked before every result, also
+/// one that already waits: a body that cancels its own caller is not called
+/// again. The wait runs with `throw_if_cancelled`
 /// off, so it happens even when the cancellation came first.
 ///
 /// Lifetimes: the stream and `body` are moved into the call.

@@ -138,8 +138,8 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
         }
         c->take_slot();
         std::optional<input_value> input;
-        std::exception_ptr input_error;
         if constexpr (is_async) {
+          std::exception_ptr input_error;
           c->begin_pull();
           try {
             input = co_await c->input_.get().next();
@@ -147,22 +147,27 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
             input_error = std::current_exception();
           }
           c->end_pull();
+          if (c->ending()) {  // stopped while pulling: drop what came
+            c->give_back_slot();
+            break;
+          }
+          if (input_error) {
+            // Fail fast cancels the running tasks; settling lets them finish.
+            c->give_back_slot(false);
+            c->fail(std::move(input_error), self, !Settle);
+            break;
+          }
         } else {
+          // Nothing else runs while a range is pulled (no suspension), and
+          // the failure is handled where it is caught: no exception_ptr per
+          // task in the frame.
           try {
             if (!c->input_.done()) input.emplace(c->input_.take());
           } catch (...) {
-            input_error = std::current_exception();
+            c->give_back_slot(false);
+            c->fail(std::current_exception(), self, !Settle);
+            break;
           }
-        }
-        if (c->ending()) {  // stopped while pulling: drop what came
-          c->give_back_slot();
-          break;
-        }
-        if (input_error) {
-          // Fail fast cancels the running tasks; settling lets them finish.
-          c->give_back_slot(false);
-          c->fail(std::move(input_error), self, !Settle);
-          break;
         }
         if (!input) {
           c->give_back_slot(false);
@@ -172,7 +177,6 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
         c->kick();  // a free slot may take the next input now
         // The task, awaited inline (no frame of ours around it).
         std::optional<task_value> value;
-        std::exception_ptr error;
         c->task_started();
         try {
           if constexpr (std::is_void_v<result_type>) {
@@ -182,21 +186,22 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
             value.emplace(co_await std::invoke(c->fn_, std::move(*input)));
           }
         } catch (...) {
-          error = std::current_exception();
+          c->task_ended();
+          input.reset();
+          if constexpr (Settle) {
+            c->deliver(std::current_exception());
+          } else {
+            c->give_back_slot(false);
+            c->fail(std::current_exception(), self, true);
+          }
+          continue;
         }
         c->task_ended();
         input.reset();
-        if (!error) {
-          if constexpr (Settle && std::is_void_v<result_type>) {
-            c->deliver();
-          } else {
-            c->deliver(std::move(*value));
-          }
-        } else if constexpr (Settle) {
-          c->deliver(std::move(error));
+        if constexpr (Settle && std::is_void_v<result_type>) {
+          c->deliver();
         } else {
-          c->give_back_slot(false);
-          c->fail(std::move(error), self, true);
+          c->deliver(std::move(*value));
         }
       }
     } catch (...) {

@@ -37,6 +37,11 @@ struct stream_access {
   static stream<T, Executor> make(std::shared_ptr<stream_core<T, Executor>> core) {
     return stream<T, Executor>(std::move(core));
   }
+  // A result already waiting, without suspending (sluice::for_each).
+  template <class T, class Executor>
+  [[gnu::always_inline]] static bool try_take(stream<T, Executor>& s, std::optional<T>& out) {
+    return s.core_ && s.core_->try_take(out);
+  }
 };
 }  // namespace detail
 
@@ -139,10 +144,11 @@ class stream {
   /// asynchronous source that has `close()` (an upstream stage) is closed and
   /// waited for, so nothing of the pipeline runs on after it.
   ///
-  /// Lifetimes: the awaited call keeps the stream's state alive by itself.
+  /// Lifetimes: the call keeps the stream's state alive by itself; one made
+  /// before the stream was destroyed and awaited after yields nothing.
   [[nodiscard]] asio::awaitable<std::optional<T>, Executor> next() {
     if (!core_) return empty_next();
-    return core_type::next(core_);
+    return core_type::next(typename core_type::next_ref(core_.get()));
   }
 
   /// Stops the stream and waits: no more input is pulled, running tasks are
@@ -181,7 +187,7 @@ class stream {
   explicit stream(std::shared_ptr<core_type> core) noexcept : core_(std::move(core)) {}
 
   void abandon() noexcept {
-    if (core_) std::exchange(core_, nullptr)->abandon();
+    if (core_) core_type::release(std::exchange(core_, nullptr));
   }
   static asio::awaitable<std::optional<T>, Executor> empty_next() {
     co_return std::nullopt;

@@ -56,12 +56,22 @@ class erased_handler {
   struct base {
     virtual ~base() = default;
     virtual void post(Args... args) = 0;
+    virtual void invoke(Args... args) = 0;
+    virtual void clear_slot() = 0;
   };
   template <class Handler, class Executor>
   struct impl final : base {
     impl(Handler&& h, const Executor& ex) : handler(std::move(h)), fallback(ex) {}
     void post(Args... args) override {
       post_completion(std::move(handler), fallback, std::move(args)...);
+    }
+    void invoke(Args... args) override {
+      clear_slot();
+      std::move(handler)(std::move(args)...);
+    }
+    void clear_slot() override {
+      auto slot = asio::get_associated_cancellation_slot(handler);
+      if (slot.is_connected()) slot.clear();
     }
     Handler handler;
     Executor fallback;
@@ -80,6 +90,18 @@ class erased_handler {
   void complete(Args... args) {
     auto p = std::move(impl_);
     p->post(std::move(args)...);
+  }
+
+  // The operation is completing: no cancellation can reach it any more (Asio
+  // requires the slot cleared before the completion is posted).
+  void clear_slot() { impl_->clear_slot(); }
+
+  // Runs the handler now, on this thread; the handler is released. Only from
+  // a function that already runs on the handler's executor through a post of
+  // its own (never from a notifying call: waiters are not resumed inline).
+  void complete_here(Args... args) {
+    auto p = std::move(impl_);
+    p->invoke(std::move(args)...);
   }
 
  private:

@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/result_ring.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -37,6 +38,14 @@ namespace sluice::detail {
 // worker when a slot is free and nobody is on the way to take it (waking_ == 0);
 // the woken worker kicks again after its pull, so free slots fill in a chain of
 // posts and a worker that runs short tasks inline fills them all by itself.
+// A wake is a post that looks again when it runs (wake_one()): a worker with
+// no slot by then stays parked. The post that resumes a waiting consumer
+// (resume_consumer()) also serves the slots it frees: kicks are deferred while
+// the consumer runs there, and parked workers resume in that post right after
+// it suspends, so a burst of results costs one post, not one per worker.
+//
+// Results: buffer_ (a ring of at most limit_) is read by next() and, without
+// a next() frame per result, by sluice::for_each (try_take()).
 //
 // Ending: the stream is finished once no input will be pulled any more
 // (exhausted_ or stopping_) and every worker has left its loop (live_ == 0).
@@ -62,10 +71,49 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
 
   // ---- consumer side -------------------------------------------------------
 
-  static asio::awaitable<std::optional<T>, Executor> next(std::shared_ptr<stream_core> c) {
+  // A next() call's hold on the core: a plain count (a stream is
+  // loop-affine), not a shared_ptr copy per call. A stream that lets go of
+  // the core while calls it made still exist (made and not yet awaited, or
+  // not yet destroyed) leaves the core holding itself until the last of them
+  // is gone (release()).
+  class next_ref {
+   public:
+    explicit next_ref(stream_core* c) noexcept : c_(c) { ++c_->next_refs_; }
+    next_ref(next_ref&& other) noexcept : c_(std::exchange(other.c_, nullptr)) {}
+    next_ref& operator=(next_ref&&) = delete;
+    ~next_ref() {
+      if (c_ != nullptr && --c_->next_refs_ == 0 && c_->self_) {
+        auto last = std::move(c_->self_);  // may destroy the core: c_ is not used after
+      }
+    }
+    stream_core* operator->() const noexcept { return c_; }
+
+   private:
+    stream_core* c_;
+  };
+
+  // The stream lets go of its core (destroyed, or assigned another): stops
+  // it, and keeps it alive while next() calls the stream made still exist.
+  static void release(std::shared_ptr<stream_core> c) noexcept {
+    c->abandon();
+    if (c->next_refs_ != 0) {
+      stream_core* raw = c.get();
+      raw->self_ = std::move(c);
+    }
+  }
+
+  static asio::awaitable<std::optional<T>, Executor> next(next_ref c) {
     if (c->consumer_)
       throw std::logic_error(
           "sluice::stream::next: another next() is still waiting; a stream has one consumer");
+    // A result already waiting is handed out at once, whatever the caller's
+    // cancellation state (a stream not started yet has none).
+    if (std::optional<T> out; c->try_take(out)) co_return out;
+    co_return co_await wait_next(c->shared_from_this());
+  }
+
+  // next() when no result waits: starts the stream, waits, ends or reports.
+  static asio::awaitable<std::optional<T>, Executor> wait_next(std::shared_ptr<stream_core> c) {
     // A caller whose cancellation was requested before this call (only
     // possible with throw_if_cancelled(false): Asio throws at the co_await
     // otherwise) starts nothing, and is otherwise treated as one cancelled
@@ -83,13 +131,8 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     }
     error_code ec;
     for (;;) {
-      if (!c->buffer_.empty()) {
-        std::optional<T> out(std::move(c->buffer_.front()));
-        c->buffer_.pop_front();
-        // Read: its slot goes to the next input at once.
-        c->give_back_slot();
-        co_return out;
-      }
+      // Read: its slot goes to the next input at once.
+      if (std::optional<T> out; c->try_take(out)) co_return out;
       if (c->finished()) break;
       // Named token: g++ 12 may destroy a co_await operand's temporaries twice.
       auto wait_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
@@ -108,6 +151,22 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     if (ec) throw system_error(ec, "sluice::stream::next");
     if (auto e = std::exchange(c->error_, nullptr)) std::rethrow_exception(e);
     co_return std::nullopt;
+  }
+
+  // A result already waiting, handed out without suspending (the fast path
+  // of sluice::for_each): exactly what next() does when one waits, its slot
+  // given back at once. Empty when none waits (not started yet, running,
+  // finished or stopped): the caller then awaits next(), which starts, waits,
+  // ends or reports the failure. Never a cancellation point by itself: a
+  // result that waits is handed out even to a cancelled caller, as by next().
+  // Out parameter, not a returned optional: a small optional<T> returned in
+  // registers costs a store-forwarding stall on every result.
+  [[gnu::always_inline]] bool try_take(std::optional<T>& out) {
+    if (buffer_.empty()) return false;
+    out.emplace(std::move(buffer_.front()));
+    buffer_.pop_front();
+    give_back_slot();
+    return true;
   }
 
   // The stream has already been stopped (abandon()) by stream::close(). The
@@ -201,17 +260,26 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   }
 
   // Sends one worker to a free slot if nobody is on the way to it already.
-  void kick() {
+  // Called once per task by a worker and once per result by the consumer:
+  // the common case (someone is on the way, or no slot is free) returns
+  // inline.
+  [[gnu::always_inline]] void kick() {
+    if (!ending() && (waking_ != 0 || !may_pull() || !started_)) return;
+    kick_slow();
+  }
+  [[gnu::noinline]] void kick_slow() {
     if (ending()) {
       wake_all();
       return;
     }
     if (!started_ || !may_pull() || waking_ != 0) return;
     if (!parked_.empty()) {
-      ++waking_;
-      auto h = std::move(parked_.front());
-      parked_.pop_front();
-      h.complete();
+      if (deferring_kicks_) {
+        ++waking_;  // on the way: resume_consumer() wakes it, without a post
+        kick_deferred_ = true;
+        return;
+      }
+      wake_one();
     } else if (spawned_ < limit_) {
       spawn();
     }
@@ -248,6 +316,26 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     }
   }
 
+  // Wakes the first parked worker through a post that looks again when it
+  // runs: if no slot is free by then (the worker that kicked has filled them
+  // all itself, as one running short tasks inline does), the worker stays
+  // parked and is not resumed (no new park for it); otherwise it resumes
+  // there, the post having been the hop to its executor.
+  void wake_one() {
+    ++waking_;
+    auto h = std::move(parked_.front());
+    parked_.pop_front();
+    // `this` outlives the post: the handler owns the worker, which holds the core.
+    asio::post(*ex_, [this, h = std::move(h)]() mutable {
+      if (!ending() && !may_pull()) {
+        --waking_;
+        parked_.push_front(std::move(h));
+        return;
+      }
+      h.complete_here();
+    });
+  }
+
   void wake_all() {
     while (!parked_.empty()) {
       ++waking_;
@@ -280,6 +368,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
               cancel_consumer();
             });
           }
+          // A consumer on another executor than the workers' (a stream moved
+          // to another strand) is completed by a post of its own.
+          consumer_on_ex_ = asio::get_associated_executor(handler, *ex_) == *ex_;
           consumer_ = erased_handler<error_code>(std::move(handler), *ex_);
           if (cancel_now) cancel_consumer();
         },
@@ -294,24 +385,83 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     asio::post(*ex_, [self = this->shared_from_this()] { self->notify_consumer(); });
   }
 
-  void notify_consumer() {
-    if (!consumer_) return;
+  [[gnu::always_inline]] void notify_consumer() {
+    if (consumer_) notify_waiting_consumer();
+  }
+  [[gnu::noinline]] void notify_waiting_consumer() {
     if (consumer_cancelled_) {
       if (live_ != 0) return;
       consumer_cancelled_ = false;
       consumer_.complete(asio::error::operation_aborted);
     } else if (!buffer_.empty() || finished()) {
+      resume_consumer();
+    }
+  }
+
+  // Hands the consumer a result (or the end) through one post that then also
+  // serves the workers whose slots the consumer frees: while the consumer
+  // runs there (until it suspends again), a kick that would wake a parked
+  // worker through a post of its own is deferred, and the workers are resumed
+  // in the same posted function right after the consumer (resume_parked()).
+  // The workers still run only after the consumer has suspended.
+  void resume_consumer() {
+    if (!consumer_on_ex_) {
       consumer_.complete(error_code());
+      return;
+    }
+    consumer_.clear_slot();
+    asio::post(*ex_, [self = this->shared_from_this(), h = std::move(consumer_)]() mutable {
+      if (self->run_deferring_kicks(h, error_code())) self->resume_parked();
+    });
+  }
+
+  // Runs `h` here with the kicks deferred; true if one was.
+  template <class Handler, class... A>
+  bool run_deferring_kicks(Handler& h, A... a) {
+    deferring_kicks_ = true;
+    try {
+      h.complete_here(a...);
+    } catch (...) {
+      // A handler that throws out of the loop: the deferred wake goes by a
+      // post of its own, so the stream does not stall if the loop runs on.
+      deferring_kicks_ = false;
+      if (std::exchange(kick_deferred_, false)) {
+        --waking_;
+        kick();
+      }
+      throw;
+    }
+    deferring_kicks_ = false;
+    return std::exchange(kick_deferred_, false);
+  }
+
+  // The deferred kick (counted in waking_): resumes parked workers here, one
+  // after the other, for as long as slots are free, each running until it
+  // suspends (its task does) or parks. Their own kicks are deferred to this
+  // loop, so a wave of freed slots costs the one post that resumed the
+  // consumer instead of one post per worker.
+  void resume_parked() {
+    for (;;) {
+      if (ending() || !may_pull() || parked_.empty()) {
+        --waking_;
+        kick();
+        return;
+      }
+      auto h = std::move(parked_.front());
+      parked_.pop_front();
+      if (!run_deferring_kicks(h)) return;  // it took the wake (unparked())
     }
   }
 
   const std::size_t limit_;
   std::shared_ptr<child_set> children_;
   std::optional<Executor> ex_;
-  std::deque<T> buffer_;
+  result_ring<T> buffer_;
   std::deque<erased_handler<>> parked_;
   erased_handler<error_code> consumer_;
   std::exception_ptr error_;
+  std::shared_ptr<stream_core> self_;  // see next_ref
+  std::size_t next_refs_ = 0;
   std::size_t used_ = 0;
   std::size_t running_ = 0;
   std::size_t spawned_ = 0;
@@ -322,6 +472,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   bool exhausted_ = false;
   bool stopping_ = false;
   bool consumer_cancelled_ = false;
+  bool consumer_on_ex_ = true;    // the waiting consumer runs on ex_
+  bool deferring_kicks_ = false;  // inside resume_consumer()'s post
+  bool kick_deferred_ = false;    // a kick deferred until it returns
   bool input_shut_ = false;
 };
 
