@@ -342,3 +342,85 @@ TEST_CASE("a settling stream with failing tasks under for_each at limit 1 and 3"
     CHECK(failed == 10);
   }
 }
+
+// ---- 4. lifetimes ---------------------------------------------------------
+
+TEST_CASE("a stream moved while its next() is pending keeps yielding from the new one",
+          "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::fixed(1s)});
+  using stream_type =
+      decltype(sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(1), 1));
+  std::optional<stream_type> a, b;
+  std::vector<int> seen;
+  a.emplace(sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(6), 2));
+  auto& reader = t.spawn([&]() -> asio::awaitable<void> {
+    auto r = co_await a->next();  // pending while a is moved into b
+    seen.push_back(*r);
+    while (auto x = co_await b->next()) seen.push_back(*x);
+  });
+  t.poll();
+  b.emplace(std::move(*a));
+  a.reset();  // the moved-from stream goes: nothing of the pending call may go with it
+  t.loop.run_for(10s);
+  CHECK(reader.succeeded());
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == iota_vec(6));
+  CHECK(svc.in_flight() == 0);
+}
+
+TEST_CASE("a stream destroyed while another coroutine awaits its next() ends that call",
+          "[stream]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::fixed(1s)});
+  using stream_type =
+      decltype(sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(1), 1));
+  std::optional<stream_type> s;
+  s.emplace(sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(6), 2));
+  std::optional<std::optional<int>> got;
+  auto& reader = t.spawn([&]() -> asio::awaitable<void> { got.emplace(co_await s->next()); });
+  t.loop.run_for(500ms);
+  s.reset();
+  t.loop.run_for(10s);
+  CHECK(reader.succeeded());
+  REQUIRE(got);
+  CHECK_FALSE(*got);
+  CHECK(svc.in_flight() == 0);
+  CHECK(svc.cancellations() == 2);
+}
+
+TEST_CASE("an io_context destroyed mid-stream frees everything (ASan)", "[stream]") {
+  for (int variant = 0; variant < 4; ++variant) {
+    INFO("variant " << variant);
+    std::optional<slow_service> svc;
+    auto l = std::make_unique<virtual_loop>();
+    svc.emplace(slow_service::options{.latency = latency::fixed(1s)});
+    auto body = [&, variant]() -> asio::awaitable<void> {
+      auto s = sluice::map_unordered([&](int i) { return call(*svc, i); }, iota_vec(50), 4);
+      if (variant == 0) {
+        // consumer waiting, workers running
+        while (auto r = co_await s.next()) {
+        }
+      } else if (variant == 1) {
+        // results waiting, workers parked, consumer asleep
+        auto r = co_await s.next();
+        (void)r;
+        co_await sluice::sleep(100s);
+      } else if (variant == 2) {
+        // for_each with an awaitable body, burst pending
+        co_await sluice::for_each(
+            std::move(s), [&](int) -> asio::awaitable<void> { co_await sluice::sleep(10s); });
+      } else {
+        // a chain
+        co_await sluice::for_each(
+            sluice::map_unordered([](int i) -> asio::awaitable<int> { co_return i; }, std::move(s),
+                                  2),
+            [&](int) {});
+      }
+    };
+    asio::co_spawn(l->get_executor(), body(), [](std::exception_ptr) {});
+    l->run_for(1500ms);
+    l.reset();  // the loop goes with everything pending
+    svc.reset();
+  }
+}
