@@ -389,6 +389,10 @@ TEST_CASE("a stream destroyed while another coroutine awaits its next() ends tha
   CHECK(svc.cancellations() == 2);
 }
 
+// Fails under ASan (LeakSanitizer) for variants 0 and 3, a consumer suspended
+// in next(): the stream's state holds the consumer's handler, whose frames hold
+// the state (wait_next's shared_ptr). Not new: main before the merge (9dcbe4e)
+// leaks the same way (4812 bytes vs 3601 now for variant 0).
 TEST_CASE("an io_context destroyed mid-stream frees everything (ASan)", "[stream]") {
   for (int variant = 0; variant < 4; ++variant) {
     INFO("variant " << variant);
@@ -423,4 +427,114 @@ TEST_CASE("an io_context destroyed mid-stream frees everything (ASan)", "[stream
     l.reset();  // the loop goes with everything pending
     svc.reset();
   }
+}
+
+// ---- 3. cancellation --------------------------------------------------------
+
+TEST_CASE("for_each cancelled at the instant a burst arrives waits for every task", "[for_each]") {
+  // The canceller's timer fires at 1 s, when results 0..3 arrive: before
+  // them (armed first) or after them (armed last).
+  for (bool cancel_first : {true, false}) {
+    for (int body_kind = 0; body_kind < 2; ++body_kind) {
+      INFO("cancel first " << cancel_first << " body " << body_kind);
+      sluice_test::tasks_on_loop t;
+      std::optional<slow_service> svc;
+      svc.emplace(slow_service::options{.latency = latency::fixed(1s)});
+      std::string how;
+      std::vector<int> seen;
+      std::size_t in_flight_at_end = 99;
+      nanoseconds ended_at{};
+      sluice_test::task* consumer = nullptr;
+      if (cancel_first) {
+        t.spawn([&]() -> asio::awaitable<void> {
+          co_await sluice::sleep(1s);
+          consumer->cancel();
+        });
+      }
+      consumer = &t.spawn([&]() -> asio::awaitable<void> {
+        std::vector<int> local(100, 1);
+        auto work = [&](int i) -> asio::awaitable<int> {
+          auto r = co_await call(*svc, i);
+          co_return r* local[static_cast<std::size_t>(i)];
+        };
+        auto s = sluice::map_unordered(work, iota_vec(100), 4);
+        if (body_kind == 0) {
+          how = co_await sluice_test::ending_of(
+              sluice::for_each(std::move(s), [&](int r) { seen.push_back(r); }));
+        } else {
+          how = co_await sluice_test::ending_of(
+              sluice::for_each(std::move(s), [&](int r) -> asio::awaitable<void> {
+                seen.push_back(r);
+                co_await sluice::sleep(10ms);
+              }));
+        }
+        in_flight_at_end = svc->in_flight();
+        ended_at = t.loop.now();
+      });
+      if (!cancel_first) {
+        t.spawn([&]() -> asio::awaitable<void> {
+          co_await sluice::sleep(1s);
+          consumer->cancel();
+        });
+      }
+      t.loop.run_for(30s);
+      CHECK(consumer->done);
+      CHECK(how == "aborted");
+      CHECK(in_flight_at_end == 0);
+      CHECK(svc->in_flight() == 0);
+      for (std::size_t i = 0; i + 1 < seen.size(); ++i) CHECK(seen[i] < seen[i + 1]);
+      CHECK(seen.size() <= 4);
+      CHECK(ended_at == 1s);  // tasks 4.. were cancelled at once and waited for
+    }
+  }
+}
+
+TEST_CASE("for_each cancelled while its awaitable body runs with a burst waiting", "[for_each]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::fixed(1s)});
+  std::string how;
+  std::vector<int> seen;
+  std::size_t in_flight_at_end = 99;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    how = co_await sluice_test::ending_of(sluice::for_each(
+        sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(100), 4),
+        [&](int r) -> asio::awaitable<void> {
+          seen.push_back(r);
+          co_await sluice::sleep(300ms);
+        }));
+    in_flight_at_end = svc.in_flight();
+  });
+  t.loop.run_for(1500ms);  // at 1 s: 0..3 arrive; 0's body until 1.3 s, 1's until 1.6 s
+  consumer.cancel();
+  t.loop.run_for(10s);
+  CHECK(consumer.done);
+  CHECK(how == "aborted");
+  CHECK(seen == std::vector<int>{0, 1});
+  CHECK(in_flight_at_end == 0);
+  CHECK(svc.calls() == 6);  // 4 at 0 s, 4 and 5 when 0 and 1 were taken
+  CHECK(svc.cancellations() == 2);
+}
+
+TEST_CASE(
+    "for_each from a caller cancelled before the call with throw_if_cancelled off "
+    "starts nothing",
+    "[for_each]") {
+  sluice_test::tasks_on_loop t;
+  slow_service svc({.latency = latency::fixed(1s)});
+  std::string how;
+  auto& consumer = t.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    try {
+      co_await sluice::sleep(1s);  // cancelled at once
+    } catch (...) {
+    }
+    how = co_await sluice_test::ending_of(sluice::for_each(
+        sluice::map_unordered([&](int i) { return call(svc, i); }, iota_vec(10), 4), [&](int) {}));
+  });
+  t.poll();
+  consumer.cancel();
+  t.loop.run_for(10s);
+  CHECK(consumer.done);
+  CHECK(how == "aborted");
+  CHECK(svc.calls() == 0);
 }
