@@ -5,8 +5,10 @@
 #include <sluice/config.hpp>
 
 #include <cstddef>
+#include <deque>
 #include <memory>
 #include <new>
+#include <type_traits>
 #include <utility>
 
 namespace sluice::detail {
@@ -37,7 +39,8 @@ class result_ring {
   T& front() noexcept { return data_[head_]; }
 
   // Strong guarantee: if growing or T's constructor throws, nothing changed
-  // but (perhaps) the capacity.
+  // but (perhaps) the capacity (T nothrow-movable or copyable: see the
+  // specialization below for the others).
   template <class... A>
   void emplace_back(A&&... a) {
     if (size_ == cap_) grow();
@@ -84,6 +87,32 @@ class result_ring {
   std::size_t cap_ = 0;
   std::size_t head_ = 0;
   std::size_t size_ = 0;
+};
+
+// A T that can only be moved, by a move that may throw, cannot be relocated
+// with the strong guarantee: a move failing midway would leave the waiting
+// results moved-from. Such results stay in a std::deque, which never moves
+// its elements.
+template <class T>
+requires(!std::is_nothrow_move_constructible_v<T> &&
+         !std::is_copy_constructible_v<T>) class result_ring<T> {
+ public:
+  result_ring() = default;
+  result_ring(const result_ring&) = delete;
+  result_ring& operator=(const result_ring&) = delete;
+
+  [[nodiscard]] bool empty() const noexcept { return items_.empty(); }
+  [[nodiscard]] std::size_t size() const noexcept { return items_.size(); }
+  T& front() noexcept { return items_.front(); }
+  template <class... A>
+  void emplace_back(A&&... a) {
+    items_.emplace_back(std::forward<A>(a)...);
+  }
+  void pop_front() noexcept { items_.pop_front(); }
+  void clear() noexcept { items_.clear(); }
+
+ private:
+  std::deque<T> items_;
 };
 
 }  // namespace sluice::detail
