@@ -545,3 +545,49 @@ TEST_CASE(
   CHECK(how == "aborted");
   CHECK(svc.calls() == 0);
 }
+
+// ---- 2. async sources ---------------------------------------------------------
+
+namespace {
+// An async source that yields 0..n-1, every third item inline (no suspension),
+// the others after 1 ms; counts overlapping next() calls.
+struct mixed_source {
+  int n = 0, i = 0;
+  std::size_t active = 0, max_active = 0;
+  asio::awaitable<std::optional<int>> next() {
+    max_active = std::max(max_active, ++active);
+    if (i % 3 != 0) co_await sluice::sleep(1ms);
+    --active;
+    if (i == n) co_return std::nullopt;
+    co_return i++;
+  }
+};
+}  // namespace
+
+TEST_CASE("an async source that sometimes yields inline feeds for_each without a lost wakeup",
+          "[for_each]") {
+  for (std::size_t limit : {std::size_t{1}, std::size_t{2}, std::size_t{5}}) {
+    INFO("limit " << limit);
+    virtual_loop loop;
+    mixed_source src{.n = 60};
+    std::size_t now = 0, most = 0;
+    std::vector<int> seen;
+    auto f = [&](int i) -> asio::awaitable<int> {
+      most = std::max(most, ++now);
+      if (i % 2) co_await sluice::sleep(std::chrono::milliseconds(i % 7));
+      --now;
+      co_return i;
+    };
+    loop.run(
+        sluice::for_each(sluice::map_unordered(f, src, limit), [&](int r) -> asio::awaitable<bool> {
+          seen.push_back(r);
+          if (r % 5 == 0) co_await sluice::sleep(2ms);
+          co_return true;
+        }));
+    std::sort(seen.begin(), seen.end());
+    CHECK(seen == iota_vec(60));
+    CHECK(src.max_active == 1);
+    CHECK(most <= limit);
+    CHECK(now == 0);
+  }
+}
