@@ -12,17 +12,7 @@
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
 #include <support/lazy_tasks.hpp>
-
-#if defined(__SANITIZE_ADDRESS__)
-#define SLUICE_TEST_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SLUICE_TEST_LSAN 1
-#endif
-#endif
-#if defined(SLUICE_TEST_LSAN)
-#include <sanitizer/lsan_interface.h>
-#endif
+#include <support/no_leak_check.hpp>
 
 #include <chrono>
 #include <memory>
@@ -35,26 +25,6 @@ using sluice::testing::slow_service;
 using sluice::testing::virtual_loop;
 namespace latency = sluice::testing::latency;
 using std::chrono::nanoseconds;
-
-namespace sluice_test {
-
-// Stops LeakSanitizer from reporting what is allocated while it lives.
-struct no_leak_check {
-  no_leak_check() {
-#if defined(SLUICE_TEST_LSAN)
-    __lsan_disable();
-#endif
-  }
-  ~no_leak_check() {
-#if defined(SLUICE_TEST_LSAN)
-    __lsan_enable();
-#endif
-  }
-  no_leak_check(const no_leak_check&) = delete;
-  no_leak_check& operator=(const no_leak_check&) = delete;
-};
-
-}  // namespace sluice_test
 
 namespace {
 
