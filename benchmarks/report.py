@@ -568,7 +568,7 @@ def main():
     ap.add_argument("--build", default="build/bench")
     ap.add_argument("--out", default="build/bench")
     ap.add_argument("--min-time", default="0.1")
-    ap.add_argument("--repetitions", type=int, default=3)
+    ap.add_argument("--repetitions", type=int, default=5)
     ap.add_argument("--boost-build", help="a Boost.Asio build of the benchmarks (the peers "
                     "whose availability or cost depends on the Asio version run there too)")
     ap.add_argument("--no-run", action="store_true")
