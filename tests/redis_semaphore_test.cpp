@@ -234,7 +234,8 @@ TEST_CASE("a holder killed with SIGKILL loses its permit when its lease expires,
     co_await sem.acquire();
     const long long granted = co_await sluice_test::server_time_us(*conn) / 1000;
     CHECK(granted >= expiry);
-    CHECK(granted <= expiry + 2000);  // found by the fallback poll (lease / 10), with slack for a loaded machine
+    // Found by the fallback poll (lease / 10), with slack for a loaded machine.
+    CHECK(granted <= expiry + 2000);
     sem.release();
     co_await sem.close();
     co_await conn->close();
