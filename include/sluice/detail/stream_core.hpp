@@ -61,7 +61,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       : limit_(limit), children_(std::make_shared<child_set>()) {}
   stream_core(const stream_core&) = delete;
   stream_core& operator=(const stream_core&) = delete;
-  virtual ~stream_core() = default;
+  // A waiting consumer's handler owns its frame, and with it a next_ref that
+  // reads next_refs_ when it goes: drop it while every member still lives.
+  virtual ~stream_core() { consumer_ = erased_handler<error_code>(); }
 
   [[nodiscard]] std::size_t running() const noexcept { return running_; }
   [[nodiscard]] std::size_t ready() const noexcept { return buffer_.size(); }
