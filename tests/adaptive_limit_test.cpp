@@ -398,9 +398,8 @@ TEST_CASE("run reports success, throttles, timeouts and other errors and rethrow
     };
     auto refused = [&]() -> asio::awaitable<void> {
       co_await sluice::sleep(1s);
-      CHECK_THROWS_AS(
-          co_await cap.run([&] { return svc.call(); }, &sluice_test::capacity::classify),
-          sluice::testing::throttled_error);
+      CHECK_THROWS_AS(co_await cap.run([&] { return svc.call(); }),
+                      sluice::testing::throttled_error);
     };
     co_await (busy() && refused());
     CHECK(cap.throttles() == 1);
@@ -410,6 +409,17 @@ TEST_CASE("run reports success, throttles, timeouts and other errors and rethrow
     }),
                     sluice::timeout_error);
     CHECK(cap.drops() == 1);
+    auto as_throttle = [](const std::exception_ptr&) {
+      return adaptive_limit::outcome::throttled;
+    };
+    CHECK_THROWS_AS(co_await cap.run(
+                        []() -> asio::awaitable<void> {
+                          throw std::runtime_error("503");
+                          co_return;
+                        },
+                        as_throttle),
+                    std::runtime_error);
+    CHECK(cap.throttles() == 2);
     CHECK(cap.in_flight() == 0);
   });
   CHECK(cap.successes() == 2);

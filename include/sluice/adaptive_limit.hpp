@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
+#include <sluice/retry.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
 
@@ -97,7 +98,8 @@ struct vegas {
 /// @code
 /// sluice::adaptive_limit cap{{.initial = 4, .min = 1, .max = 64, .algorithm = sluice::aimd{}}};
 /// auto call = [&](request r) -> asio::awaitable<reply> {
-///   co_return co_await cap.run([&] { return client.send(r); });  // a 429 lowers the limit
+///   // a sluice::throttled_error (or an error with a retry_after hint) lowers the limit
+///   co_return co_await cap.run([&] { return client.send(r); });
 /// };
 /// metrics.gauge("limit", cap.limit()); metrics.gauge("in_flight", cap.in_flight());
 /// @endcode
@@ -250,23 +252,21 @@ class adaptive_limit {
     return run(std::move(fn), &adaptive_limit::default_classify);
   }
 
-  /// The default classifier of `run`: `sluice::timeout_error` and a
-  /// `system_error` of `timed_out` are `dropped`; the rest (and
-  /// `operation_aborted`) `ignored`. Pass a classifier of your own to report
-  /// your client's throttle error (HTTP 429) as `throttled`.
+  /// The default classifier of `run`: a timeout (`sluice::timeout_error`, a
+  /// `system_error` of `timed_out`) is `dropped`; any other
+  /// `sluice::retryable` error (`sluice::throttled_error`, an error carrying a
+  /// `sluice::retry_after` hint, as `testing::slow_service`'s throttles do) is
+  /// `throttled`; the rest (`operation_aborted` included) `ignored`.
   static outcome default_classify(const std::exception_ptr& e) {
     try {
       std::rethrow_exception(e);
     } catch (const timeout_error&) {
       return outcome::dropped;
     } catch (const system_error& s) {
-      if (s.code() == make_error_code(asio::error::timed_out) ||
-          s.code() == std::make_error_code(std::errc::timed_out))
-        return outcome::dropped;
-      return outcome::ignored;
+      if (s.code() == asio::error::timed_out) return outcome::dropped;
     } catch (...) {
-      return outcome::ignored;
     }
+    return retryable(e) ? outcome::throttled : outcome::ignored;
   }
 
   /// Sets the limit by hand (clamped to [min, max]), e.g. from a quota the

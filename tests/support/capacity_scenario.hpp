@@ -98,18 +98,8 @@ inline result run_fixed(std::size_t limit) {
   return run_batch("fixed " + std::to_string(limit), loop, svc, attempt, idle);
 }
 
-/// Reports slow_service's throttles as throttled, the rest as ignored.
-inline sluice::adaptive_limit::outcome classify(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const sluice::testing::throttled_error&) {
-    return sluice::adaptive_limit::outcome::throttled;
-  } catch (...) {
-    return sluice::adaptive_limit::default_classify(e);
-  }
-}
-
-// Runs the batch through `cap` (cap.run(fn, classify)), sampling its limit.
+// Runs the batch through `cap` (cap.run(fn): slow_service's throttles are
+// retryable, so they count as throttled), sampling its limit.
 // `schedule`, if set, is the oracle's: it sets the limit to the capacity at
 // each step.
 inline result run_limit(std::string name, sluice::adaptive_limit& cap, bool schedule) {
@@ -117,7 +107,7 @@ inline result run_limit(std::string name, sluice::adaptive_limit& cap, bool sche
   sluice::testing::slow_service svc(service_options());
   auto attempt = [&]() -> asio::awaitable<bool> {
     try {
-      co_await cap.run([&] { return svc.call(); }, &classify);
+      co_await cap.run([&] { return svc.call(); });
     } catch (const sluice::testing::throttled_error&) {
       co_return false;
     }
