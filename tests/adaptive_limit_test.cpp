@@ -491,3 +491,29 @@ TEST_CASE("a place freed by a throttle is absorbed by the decrease, not handed t
   h.poll();
   CHECK(w.succeeded());
 }
+
+TEST_CASE("the documented snippet: a 429 from run lowers the limit", "[adaptive_limit]") {
+  virtual_loop loop;
+  sluice::testing::slow_service llm({.quota = {.max_in_flight = 2}});
+  // docs/provider-limits.md, "Adaptive concurrency":
+  sluice::adaptive_limit cap{{.initial = 4, .min = 1, .max = 64, .algorithm = sluice::aimd{}}};
+  auto ask = [&](std::string prompt) -> asio::awaitable<void> {
+    co_await cap.run([&] { return llm.call(prompt); });  // a 429 lowers the limit
+  };
+  int throttled = 0;
+  auto one = [&](std::string prompt) -> asio::awaitable<void> {
+    try {
+      co_await ask(std::move(prompt));
+    } catch (const sluice::testing::throttled_error&) {
+      ++throttled;
+    }
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    co_await (one("a") && one("b") && one("c") && one("d"));
+  });
+  CHECK(throttled == 2);
+  CHECK(cap.throttles() == 2);
+  CHECK(cap.limit() == 3);  // 4 x 0.9: one congestion event, however many 429s it caused
+  CHECK(cap.successes() == 2);
+}
