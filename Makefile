@@ -12,8 +12,10 @@
 #                build/bench/report.json, tables.md, makespan.{png,svg}, ns_per_task.{png,svg}
 #   make bench-boost  the same, plus the Asio-version-dependent peers on Boost.Asio
 #   make bench-docs  bench-boost, then copies the plots to docs/ and regenerates the
-#                README's tables (the block between <!-- bench:begin/end -->)
-#   make docs    the API reference (Doxygen) under build/docs/html; fails on any warning
+#                tables of docs/performance.md (the block between <!-- bench:begin/end -->)
+#                and the README's headline (<!-- bench-headline:begin/end -->)
+#   make docs    README.md, docs/*.md and the API reference (Doxygen) as one site under
+#                build/docs/html; fails on any warning or on a broken link (tests/docs/check_docs.py)
 #   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
 #   make fuzz    each libFuzzer target in tests/fuzz for FUZZ_SECONDS (default 60; clang)
 #   make fuzz-ci replay the fuzz corpus, then fuzz each target for FUZZ_CI_SECONDS (10)
@@ -87,7 +89,7 @@ bench: deps
 	$(PYTHON) benchmarks/report.py --build build/bench --out build/bench $(BENCH_ARGS)
 
 bench-docs:
-	$(MAKE) bench-boost BENCH_ARGS="--docs docs --readme README.md"
+	$(MAKE) bench-boost BENCH_ARGS="--docs docs --page docs/performance.md --readme README.md"
 
 bench-boost: deps
 	$(call configure,bench-boost,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_USE_BOOST_ASIO=ON)
@@ -128,6 +130,7 @@ fuzz-ci: fuzz-build
 	$(call run_fuzzers,$(FUZZ_CI_SECONDS))
 
 docs: deps
+	$(PYTHON) tests/docs/check_docs.py
 	@mkdir -p build
 	doxygen docs/Doxyfile
 
