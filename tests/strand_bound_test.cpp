@@ -93,7 +93,39 @@ std::size_t most_in_window(std::vector<steady::time_point> times, steady::durati
   return most;
 }
 
+// A provider call for the threads page's example: 2 ms, then the key back.
+asio::awaitable<std::string> provider_get(std::string key) {
+  co_await pause(2ms);
+  co_return "value of " + key;
+}
+
 }  // namespace
+
+TEST_CASE("the threads page's example shares three limits among sessions on 4 threads",
+          "[strand_bound]") {
+  server srv;
+  asio::io_context& ctx = srv.ctx;
+  // clang-format off
+sluice::strand_bound<sluice::rate_limiter> rps{asio::make_strand(ctx), 1000, 1s};
+sluice::strand_bound<sluice::keyed_semaphore<std::string>> per_user{asio::make_strand(ctx), 2};
+sluice::strand_bound<sluice::single_flight<std::string, std::string>> flights{asio::make_strand(ctx)};
+auto handle = [&](std::string user, std::string key) -> asio::awaitable<std::string> {
+  co_await rps.acquire();                                 // from the session's strand
+  auto permit = co_await per_user.scoped_acquire(user);   // released by a post to the limit's strand
+  auto fetch = [key] { return provider_get(key); };       // runs on the flights' strand
+  co_return co_await flights.run(key, fetch);             // one provider call per key at a time
+};
+  // clang-format on
+  std::atomic<int> right{0};
+  srv.sessions(16, [&](int s) -> asio::awaitable<void> {
+    const std::string key = "k" + std::to_string(s % 3);
+    if (co_await handle("user" + std::to_string(s % 4), key) == "value of " + key) ++right;
+  });
+  srv.run(4);
+  srv.check();
+  CHECK(right.load() == 16);
+  CHECK(per_user.underlying().keys() == 0);
+}
 
 TEST_CASE("64 sessions on 4 threads share a rate limit, a per-user limit and single-flight",
           "[strand_bound]") {

@@ -155,7 +155,11 @@ class strand_bound {
   // L, made dependent on a member template's parameters (a member named in
   // a trailing return type is looked up only when that member is used).
   template <class T, class...>
-  using dependent_t = T;
+  struct dependent {
+    using type = T;
+  };
+  template <class T, class... A>
+  using dependent_t = typename dependent<T, A...>::type;
 
  public:
   /// The limit's type.
@@ -186,7 +190,7 @@ class strand_bound {
       return limit_.acquire(args...);
     };
     auto pass_on = [this, args...] {
-      if constexpr (requires(L & l) { l.release(args...); }) release(args...);
+      give_back(args...);
     };
     return call<void>(std::move(make), std::move(pass_on));
   }
@@ -217,9 +221,7 @@ class strand_bound {
         return try_on_strand(limit_, args...);
       };
       auto pass_on = [this, args...](bool took) {
-        if constexpr (requires(L & l) { l.release(args...); }) {
-          if (took) release(args...);
-        }
+        if (took) give_back(args...);
       };
       return call<bool>(std::move(make), std::move(pass_on));
     } else {
@@ -321,6 +323,17 @@ class strand_bound {
   [[nodiscard]] const L& underlying() const noexcept { return limit_; }
 
  private:
+  // Passes on what acquire(args...) took: release(args...) where L has it;
+  // a limit without one (a rate limiter's start) keeps it.
+  template <class... Args>
+  void give_back(const Args&... args) {
+    if constexpr (requires(L & l) { l.release(args...); }) {
+      release(args...);
+    } else {
+      (static_cast<void>(args), ...);
+    }
+  }
+
   template <class... Args>
   static L make_limit(const asio::any_io_executor& strand, Args&&... args) {
     if constexpr (std::is_constructible_v<L, const asio::any_io_executor&, Args&&...>) {

@@ -41,6 +41,8 @@ struct hop_box {
 // Installed in the caller's cancellation slot: forwards to the strand.
 template <class R>
 struct hop_forward_cancel {
+  hop_forward_cancel(std::shared_ptr<hop_box<R>> b, asio::any_io_executor s) noexcept
+      : box(std::move(b)), strand(std::move(s)) {}
   std::shared_ptr<hop_box<R>> box;
   asio::any_io_executor strand;
   void operator()(asio::cancellation_type_t type) const {
