@@ -31,10 +31,11 @@
 #include <sluice/task_group.hpp>
 #include <sluice/to_thread.hpp>
 
-// Limits that protect a provider: per key, per time window, deduplication
+// Limits that protect a provider: per key, per time window, deduplication, retries
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
+#include <sluice/retry.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/token_bucket.hpp>
 
