@@ -24,8 +24,10 @@
 #include <sluice/queue.hpp>
 #include <sluice/semaphore.hpp>
 
-// Structured concurrency and threads (shared_semaphore is the one thread-safe primitive)
+// Structured concurrency and threads (shared_semaphore is the one thread-safe primitive;
+// strand_bound puts any limit on a strand of its own, callable from any thread)
 #include <sluice/shared_semaphore.hpp>
+#include <sluice/strand_bound.hpp>
 #include <sluice/task_group.hpp>
 #include <sluice/to_thread.hpp>
 
