@@ -4,6 +4,7 @@
 // cancellation as semaphore's.
 #include <sluice/adaptive_limit.hpp>
 
+#include <sluice/gather.hpp>
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -516,4 +518,84 @@ TEST_CASE("the documented snippet: a 429 from run lowers the limit", "[adaptive_
   CHECK(cap.throttles() == 2);
   CHECK(cap.limit() == 3);  // 4 x 0.9: one congestion event, however many 429s it caused
   CHECK(cap.successes() == 2);
+}
+
+TEST_CASE(
+    "a seeded random interleaving of outcomes, limit changes, timeouts and cancels loses no "
+    "place and never grants over the limit",
+    "[adaptive_limit][stress]") {
+  const unsigned seed = GENERATE(1u, 2u, 3u, 42u);
+  virtual_loop loop;
+  adaptive_limit cap{{.initial = 3,
+                      .min = 1,
+                      .max = 6,
+                      .algorithm = sluice::aimd{.increase = 1, .backoff = 0.5, .hold = 3}}};
+  std::mt19937 rng(seed);
+  auto pick = [&](int n) {
+    return static_cast<int>(rng() % static_cast<unsigned>(n));
+  };
+  int held = 0, granted = 0, timed_out = 0, over = 0;
+  std::vector<std::size_t> limits_seen;
+  auto check_now = [&] {
+    CHECK(cap.limit() >= 1);
+    CHECK(cap.limit() <= 6);
+    CHECK(cap.in_flight() >= static_cast<std::size_t>(held));
+    if (cap.waiters() > 0 && cap.in_flight() < cap.limit()) ++over;  // someone should have gone
+  };
+  auto worker = [&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    for (int i = 0; i < 40; ++i) {
+      auto r =
+          co_await (cap.scoped_acquire() || sluice::sleep(std::chrono::milliseconds(pick(40))));
+      if (r.index() == 1) {
+        ++timed_out;
+        continue;
+      }
+      auto p = std::move(std::get<0>(r));
+      ++held;
+      ++granted;
+      check_now();
+      co_await sluice::sleep(std::chrono::milliseconds(1 + pick(30)));
+      --held;
+      switch (pick(5)) {
+        case 0:
+          p.throttled();
+          break;
+        case 1:
+          p.dropped();
+          break;
+        case 2:
+          p.reset();
+          break;
+        default:
+          p.succeeded();
+          break;
+      }
+      check_now();
+    }
+  };
+  auto knob = [&]() -> asio::awaitable<void> {
+    for (int i = 0; i < 60; ++i) {
+      co_await sluice::sleep(std::chrono::milliseconds(pick(25)));
+      cap.set_limit(static_cast<std::size_t>(pick(8)));
+      limits_seen.push_back(cap.limit());
+      check_now();
+    }
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<void>> all;
+    for (int w = 0; w < 8; ++w) all.push_back(worker());
+    all.push_back(knob());
+    co_await sluice::gather(std::move(all));
+  });
+  CHECK(over == 0);
+  CHECK(granted > 100);
+  CHECK(timed_out > 5);
+  CHECK(cap.in_flight() == 0);
+  CHECK(cap.waiters() == 0);
+  CHECK(std::count(limits_seen.begin(), limits_seen.end(), std::size_t{1}) > 0);  // clamped to min
+  // Every place is back: exactly limit() can be taken now.
+  std::vector<adaptive_limit::permit> all;
+  while (auto p = cap.try_acquire(loop.get_executor())) all.push_back(std::move(p));
+  CHECK(all.size() == cap.limit());
 }
