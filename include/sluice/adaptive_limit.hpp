@@ -285,15 +285,16 @@ class adaptive_limit {
   [[nodiscard]] std::size_t waiters() const noexcept { return core_.waiters(); }
   /// The most operations that ever waited at once (high-water mark).
   [[nodiscard]] std::size_t max_waiters() const noexcept { return core_.max_waiters(); }
-  /// The bounds the limit stays in.
+  /// The limit never falls below this.
   [[nodiscard]] std::size_t min() const noexcept { return min_; }
-  [[nodiscard]] std::size_t max() const noexcept { return max_; }  ///< see `min()`
-  /// Outcomes reported so far, by kind.
+  /// The limit never rises above this.
+  [[nodiscard]] std::size_t max() const noexcept { return max_; }
+  /// Calls reported `succeeded` so far.
   [[nodiscard]] std::size_t successes() const noexcept { return successes_; }
-  [[nodiscard]] std::size_t throttles() const noexcept {
-    return throttles_;
-  }                                                                    ///< see `successes()`
-  [[nodiscard]] std::size_t drops() const noexcept { return drops_; }  ///< see `successes()`
+  /// Calls reported `throttled` so far.
+  [[nodiscard]] std::size_t throttles() const noexcept { return throttles_; }
+  /// Calls reported `dropped` so far.
+  [[nodiscard]] std::size_t drops() const noexcept { return drops_; }
   /// The no-load latency baseline (`gradient`, `vegas`; zero before a sample).
   [[nodiscard]] clock::duration baseline() const noexcept {
     return clock::duration(static_cast<clock::duration::rep>(baseline_ns()));
