@@ -4,8 +4,11 @@
 // /proc/self/fd counts only the client's sockets. One connection per request:
 // a fan-out without a bound shows up as descriptors and throttles.
 
+#include <sluice/acquire_all.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/outcome.hpp>
+#include <sluice/rate_limiter.hpp>
+#include <sluice/semaphore.hpp>
 
 #include <support/asio.hpp>
 
@@ -246,4 +249,55 @@ TEST_CASE("the same run unbounded runs out of descriptors or is throttled; the b
   CHECK(bounded.throttled == 0);
   CHECK(bounded_throttles == 0);
   CHECK(bounded_max <= 50);
+}
+
+TEST_CASE("a rate_limiter at the provider's published quota is never throttled over real TCP",
+          "[tcp][rate_limiter]") {
+  // The provider publishes 500 requests per rolling second and counts a
+  // request when it arrives; the client's rate_limiter is configured with
+  // exactly that quota (its real-time margin covers the travel time), beside
+  // 50 in flight, both taken by acquire_all.
+  constexpr std::size_t calls = 2000, quota = 500;
+  constexpr auto window = 1s;
+  sluice_test::server_options o;
+  o.latency = [](std::string_view, std::size_t) {
+    return std::chrono::milliseconds(1);
+  };
+  o.calls_per_window = quota;
+  o.window = window;
+  server_process server(o);
+
+  asio::io_context ctx;
+  sluice::semaphore in_flight{ctx.get_executor(), 50};
+  sluice::rate_limiter rate{ctx.get_executor(), quota, window};
+  sluice_test::reply_tally t;
+  const auto port = server.port();
+  auto one = [&](std::size_t i) -> asio::awaitable<std::string> {
+    auto held = co_await sluice::acquire_all(in_flight, rate);
+    co_return co_await sluice_test::request(port, "GET k" + std::to_string(i % 20));
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        std::vector<asio::awaitable<std::string>> tasks;
+        for (std::size_t i = 0; i < calls; ++i) tasks.push_back(one(i));
+        t.add(co_await sluice::gather(std::move(tasks), sluice::return_exceptions));
+      },
+      asio::detached);
+  ctx.run();
+  const double makespan =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The quota's bound: the last of 2,000 starts cannot come before 3 windows.
+  const double bound = std::chrono::duration<double>(window).count() * ((calls - 1) / quota);
+  std::printf(
+      "rate_limiter{%zu, 1s} over TCP: ok %zu throttled %zu failed %zu; makespan %.3f s, "
+      "bound %.3f s (+%.2f%%)\n",
+      quota, t.ok, t.throttled, t.failed, makespan, bound, 100.0 * (makespan - bound) / bound);
+  INFO("first failure: " << t.first_failure);
+  CHECK(t.failed == 0);
+  CHECK(t.throttled == 0);
+  CHECK(t.ok == calls);
+  CHECK(stat(server.port(), "throttled") == 0);
+  CHECK(stat(server.port(), "requests") == calls);
 }

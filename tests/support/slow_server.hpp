@@ -8,6 +8,8 @@
 // Line protocol, one request per line:
 //   GET <key>   ->  OK <key> <ms>        after a latency from the model
 //               ->  THROTTLED <key>      at once, beyond the provider's limits
+//                                        (in flight, per key, or a sliding-window
+//                                        quota counted when the request arrives)
 //   STATS       ->  STATS requests=<n> ok=<n> throttled=<n> max_concurrent=<n> collisions=<n>
 // A "collision" is a request for a key that arrives while another request for
 // the same key is in flight; with a log stream the server prints one line per
@@ -35,6 +37,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -55,7 +58,11 @@ struct server_options {
       };
   std::size_t throttle_above = 0;    ///< more requests than this at once: THROTTLED (0: never)
   std::size_t throttle_per_key = 0;  ///< more than this for one key at once: THROTTLED (0: never)
-  std::ostream* log = nullptr;       ///< collision log (null: quiet)
+  /// A published quota: more than this many admitted requests arriving in any
+  /// window (t - window, t] is THROTTLED (0: no quota), on the steady clock.
+  std::size_t calls_per_window = 0;
+  std::chrono::nanoseconds window{std::chrono::seconds(1)};
+  std::ostream* log = nullptr;  ///< collision log (null: quiet)
 };
 
 struct server_stats {
@@ -132,7 +139,7 @@ class slow_server {
     }
     std::string reply;
     if ((opt_.throttle_above > 0 && here > opt_.throttle_above) ||
-        (opt_.throttle_per_key > 0 && for_key > opt_.throttle_per_key)) {
+        (opt_.throttle_per_key > 0 && for_key > opt_.throttle_per_key) || over_quota()) {
       ++stats_.throttled;
       reply = "THROTTLED " + key;
     } else {
@@ -148,8 +155,20 @@ class slow_server {
     co_return reply;
   }
 
+  // True if a request arriving now breaks the sliding-window quota; else it
+  // is counted.
+  bool over_quota() {
+    if (opt_.calls_per_window == 0) return false;
+    const auto t = std::chrono::steady_clock::now();
+    while (!admitted_.empty() && admitted_.front() <= t - opt_.window) admitted_.pop_front();
+    if (admitted_.size() >= opt_.calls_per_window) return true;
+    admitted_.push_back(t);
+    return false;
+  }
+
   asio::io_context& ctx_;
   server_options opt_;
+  std::deque<std::chrono::steady_clock::time_point> admitted_;
   asio::ip::tcp::acceptor acceptor_;
   server_stats stats_;
   std::map<std::string, std::size_t> in_flight_;

@@ -22,6 +22,7 @@
 #include <string>
 #include <system_error>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace sluice::detail {
@@ -364,26 +365,29 @@ class rate_core {
   // takes nothing and throws operation_aborted; one cancelled after its grant
   // but before it resumed gives the grant back (by its grant time) and throws
   // operation_aborted. Precondition: check(n) passed.
-  asio::awaitable<void> acquire(std::size_t n) {
-    const auto state = co_await asio::this_coro::cancellation_state;
-    if (state.cancelled() != asio::cancellation_type::none)
-      throw system_error(asio::error::operation_aborted, name_);
-    affinity_.check(name_);  // a check only: no scope across co_await
-    clock_.bind(co_await asio::this_coro::executor, name_);
-    if (try_take(n, clock_.now())) co_return;
-    if (!alive_) alive_ = std::make_shared<bool>(true);
-    const std::shared_ptr<bool> alive = alive_;
-    auto initiation = [self = this](auto&& handler, std::size_t count) {
-      self->template initiate<deliver_grant_time>(std::forward<decltype(handler)>(handler), count);
-    };
-    const clock::time_point granted =
-        co_await asio::async_initiate<const asio::use_awaitable_t<>&,
-                                      void(error_code, clock::time_point)>(
-            std::move(initiation), asio::use_awaitable_t<>{}, n);
-    if (state.cancelled() != asio::cancellation_type::none) {
-      if (*alive) give_back(n, granted);
-      throw system_error(asio::error::operation_aborted, name_);
-    }
+  asio::awaitable<void> acquire(std::size_t n) { return acquire_impl<false>(n); }
+  // As acquire(n), returning the grant time (give_back's key).
+  asio::awaitable<clock::time_point> acquire_granted(std::size_t n) {
+    return acquire_impl<true>(n);
+  }
+
+  // For acquire_all: true if n units could be taken now on `ex`'s clock
+  // (nobody waits, the policy has room); takes nothing.
+  bool ready(std::size_t n, const asio::any_io_executor& ex) {
+    affinity_.bind(ex);
+    const auto in = affinity_.enter(name_);
+    clock_.bind(ex, name_);
+    const auto now = clock_.now();
+    return waiters_.empty() && policy_.ready_at(n, now) <= now;
+  }
+  // For acquire_all: takes n units that ready() just found free; returns the
+  // grant time.
+  clock::time_point take_ready(std::size_t n, const asio::any_io_executor& ex) {
+    const auto in = affinity_.enter(name_);
+    clock_.bind(ex, name_);
+    const auto now = clock_.now();
+    policy_.take(n, now);
+    return now;
   }
 
   void give_back(std::size_t n, clock::time_point granted_at) {
@@ -401,6 +405,37 @@ class rate_core {
   [[nodiscard]] clock::time_point now() const { return clock_.now(); }
 
  private:
+  template <bool Granted>
+  asio::awaitable<std::conditional_t<Granted, clock::time_point, void>> acquire_impl(
+      std::size_t n) {
+    const auto state = co_await asio::this_coro::cancellation_state;
+    if (state.cancelled() != asio::cancellation_type::none)
+      throw system_error(asio::error::operation_aborted, name_);
+    affinity_.check(name_);  // a check only: no scope across co_await
+    clock_.bind(co_await asio::this_coro::executor, name_);
+    if (const auto now = clock_.now(); try_take(n, now)) {
+      if constexpr (Granted) {
+        co_return now;
+      } else {
+        co_return;
+      }
+    }
+    if (!alive_) alive_ = std::make_shared<bool>(true);
+    const std::shared_ptr<bool> alive = alive_;
+    auto initiation = [self = this](auto&& handler, std::size_t count) {
+      self->template initiate<deliver_grant_time>(std::forward<decltype(handler)>(handler), count);
+    };
+    const clock::time_point granted =
+        co_await asio::async_initiate<const asio::use_awaitable_t<>&,
+                                      void(error_code, clock::time_point)>(
+            std::move(initiation), asio::use_awaitable_t<>{}, n);
+    if (state.cancelled() != asio::cancellation_type::none) {
+      if (*alive) give_back(n, granted);
+      throw system_error(asio::error::operation_aborted, name_);
+    }
+    if constexpr (Granted) co_return granted;
+  }
+
   bool try_take(std::size_t n, clock::time_point now) {
     if (!waiters_.empty() || policy_.ready_at(n, now) > now) return false;
     policy_.take(n, now);
@@ -439,6 +474,24 @@ class rate_core {
   [[no_unique_address]] affinity affinity_;
 };
 
+template <class Policy>
+class rate_limiter_api;
+
+// `n` units of one limiter as a budget of sluice::acquire_all.
+template <class Policy>
+struct weighted_units {
+  rate_limiter_api<Policy>* limiter;
+  std::size_t n;
+};
+
+// sluice::acquire_all's way to a limiter's core.
+struct rate_access {
+  template <class Policy>
+  static rate_core<Policy>& core(rate_limiter_api<Policy>& api) noexcept {
+    return api.core_;
+  }
+};
+
 // The public members shared by rate_limiter and token_bucket (documented
 // there), over one rate_core.
 template <class Policy>
@@ -468,12 +521,23 @@ class rate_limiter_api {
   /// Takes `n` units if they are free now and nobody waits; never suspends.
   [[nodiscard]] bool try_acquire(std::size_t n = 1) { return core_.try_acquire(n); }
 
+  /// `n` units as a budget of `sluice::acquire_all`: `tpm.weighted(tokens)`
+  /// takes `tokens` of a tokens-per-minute limiter together with the other
+  /// budgets. Throws `std::invalid_argument` for an `n` that could never be
+  /// granted (as `acquire(n)`).
+  [[nodiscard]] weighted_units<Policy> weighted(std::size_t n) {
+    core_.check(n);
+    return {this, n};
+  }
+
   /// Operations waiting now.
   [[nodiscard]] std::size_t waiters() const noexcept { return core_.waiters(); }
   /// The most operations that ever waited at once.
   [[nodiscard]] std::size_t max_waiters() const noexcept { return core_.max_waiters(); }
 
  protected:
+  friend struct rate_access;
+
   rate_limiter_api(const char* name, Policy policy, asio::any_io_executor ex)
       : core_(name, std::move(policy), std::move(ex)) {}
   ~rate_limiter_api() = default;
