@@ -399,6 +399,74 @@ auto assess = [&](document d) -> asio::awaitable<verdict> {
   CHECK(loop.now() == 65s);  // 60 start in the first 15 s (4 a second), the other 20 from 60 s on
 }
 
+namespace {
+struct completion_api {
+  slow_service& api;
+  asio::awaitable<std::string> complete(std::string prompt, std::size_t tokens = 500) {
+    co_await api.call(prompt, "complete", tokens);
+    co_return "reply to " + prompt;
+  }
+};
+}  // namespace
+
+TEST_CASE("provider-limits.md: retry with backoff, the provider's hint and a budget", "[docs]") {
+  virtual_loop loop;
+  // 2 calls per second; the rest are throttled with a Retry-After hint.
+  slow_service api(
+      {.latency = latency::fixed(100ms), .quota = {.calls_per_window = 2, .window = 1s}});
+  completion_api llm{api};
+  auto replies = loop.run([&]() -> asio::awaitable<std::vector<std::string>> {
+    // clang-format off
+sluice::retry_budget budget{{.ratio = 0.1, .per = 10s, .min_retries = 10}};  // a cap on retries
+auto policy = sluice::backoff{.first = 100ms, .max = 30s, .attempts = 6,
+                              .jitter = sluice::full_jitter, .budget = &budget};
+auto ask = [&](std::string prompt) -> asio::awaitable<std::string> {
+  co_return co_await sluice::retry(policy, [&] {
+    return sluice::with_timeout(2s, llm.complete(prompt));  // a timeout is retried too
+  });
+};
+    // clang-format on
+    std::vector<std::string> out;
+    for (int i = 0; i < 20; ++i) out.push_back(co_await ask("p" + std::to_string(i)));
+    CHECK(budget.first_attempts() == 20);
+    CHECK(budget.retries() == 9);
+    co_return out;
+  }());
+  // 20 prompts of 100 ms one after the other: the third in each second is
+  // throttled and retried when the provider's hint says (the next second).
+  CHECK(replies.size() == 20);
+  CHECK(api.throttles() == 9);
+  CHECK(loop.now() == 9200ms);
+}
+
+TEST_CASE("provider-limits.md: acquire_all takes RPM, TPM and a permit in one instant", "[docs]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(5s),
+                    .quota = {.max_in_flight = 8,
+                              .calls_per_window = 60,
+                              .window = 1min,
+                              .tokens_per_window = 40000}});
+  completion_api llm{api};
+  loop.run([&]() -> asio::awaitable<void> {
+    // clang-format off
+sluice::semaphore in_flight{8};
+sluice::rate_limiter rpm{60, 1min}, tpm{40000, 1min};  // the published quotas
+auto ask = [&](std::string prompt, std::size_t tokens) -> asio::awaitable<std::string> {
+  auto held = co_await sluice::acquire_all(in_flight, rpm, tpm.weighted(tokens));
+  co_return co_await llm.complete(prompt, tokens);  // held releases the permit at scope exit
+};
+    // clang-format on
+    std::vector<asio::awaitable<std::string>> calls;
+    for (int i = 0; i < 100; ++i) calls.push_back(ask("p" + std::to_string(i), 1000));
+    co_await sluice::gather(std::move(calls));
+  }());
+  CHECK(api.throttles() == 0);
+  CHECK(api.completed() == 100);
+  // 40 prompts of 1,000 tokens a minute, 8 at a time: 0-20 s, 60-80 s, and
+  // the last 20 from 120 s (the last at 130 s).
+  CHECK(loop.now() == 135s);
+}
+
 TEST_CASE("provider-limits.md: a deadline keeps what finished", "[docs]") {
   virtual_loop loop;
   slow_service api({.latency = latency::sequence({1s, 5s, 2s})});

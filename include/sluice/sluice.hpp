@@ -31,7 +31,9 @@
 #include <sluice/task_group.hpp>
 #include <sluice/to_thread.hpp>
 
-// Limits that protect a provider: per key, per time window, deduplication, retries, adaptive
+// Limits that protect a provider: per key, per time window, deduplication, retries, adaptive,
+// several budgets at once
+#include <sluice/acquire_all.hpp>
 #include <sluice/adaptive_limit.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
