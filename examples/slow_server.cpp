@@ -6,7 +6,9 @@
 // demo does. Point examples/fanout_client at it.
 //
 //   slow_server [--port 7777] [--throttle-above N] [--throttle-per-key N]
-//               serves until Ctrl-C, then prints its statistics
+//               [--quota N --window-ms W]
+//               serves until Ctrl-C, then prints its statistics; --quota: at
+//               most N requests arriving in any W ms (a published rate quota)
 //   slow_server --virtual
 //               a short self-contained run: a free port, 40 requests over 3
 //               keys from an in-process client, the collision log, the stats
@@ -92,6 +94,8 @@ int main(int argc, char** argv) try {
     if (a == "--port") port = static_cast<unsigned short>(std::atoi(argv[++i]));
     if (a == "--throttle-above") o.throttle_above = std::strtoul(argv[++i], nullptr, 10);
     if (a == "--throttle-per-key") o.throttle_per_key = std::strtoul(argv[++i], nullptr, 10);
+    if (a == "--quota") o.calls_per_window = std::strtoul(argv[++i], nullptr, 10);
+    if (a == "--window-ms") o.window = std::chrono::milliseconds(std::atol(argv[++i]));
   }
   asio::io_context ctx;
   sluice_test::slow_server srv(ctx, o, port);
