@@ -17,6 +17,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -301,4 +302,30 @@ TEST_CASE("an uncontended acquire does not suspend", "[shared_semaphore]") {
   ctx.run_one();  // the co_spawn start itself
   CHECK(steps == 2);
   CHECK(sem.value() == 0);
+}
+
+TEST_CASE("a permit is move-only and releases once, on whichever thread drops it",
+          "[shared_semaphore]") {
+  static_assert(!std::is_copy_constructible_v<sluice::shared_semaphore::permit>);
+  static_assert(std::is_nothrow_move_assignable_v<sluice::shared_semaphore::permit>);
+  sluice::shared_semaphore sem{2};
+  asio::io_context ctx;
+  sluice::shared_semaphore::permit a, b;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        a = co_await sem.scoped_acquire();
+        b = co_await sem.scoped_acquire();
+      },
+      asio::detached);
+  ctx.run();
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(sem.value() == 0);
+  a = std::move(b);  // releases what `a` held, takes `b`'s
+  CHECK_FALSE(b);
+  CHECK(sem.value() == 1);
+  std::thread([p = std::move(a)]() mutable { p.reset(); }).join();
+  CHECK_FALSE(a);
+  CHECK(sem.value() == 2);
 }

@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
+#include <sluice/detail/unique_permit.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -52,36 +53,9 @@ class condition;
 /// @endcode
 class lock {
  public:
-  /// Move-only ownership of the lock: releases it on destruction.
-  class guard {
-   public:
-    /// A guard that owns nothing.
-    guard() noexcept = default;
-    /// Takes over `other`'s ownership; `other` is left empty.
-    guard(guard&& other) noexcept : lock_(std::exchange(other.lock_, nullptr)) {}
-    /// Releases what this owns, then takes over `other`'s ownership.
-    guard& operator=(guard&& other) noexcept {
-      if (this != &other) {
-        reset();
-        lock_ = std::exchange(other.lock_, nullptr);
-      }
-      return *this;
-    }
-    ~guard() { reset(); }
-
-    /// True while it owns the lock.
-    explicit operator bool() const noexcept { return lock_ != nullptr; }
-
-    /// Releases the lock now (no-op when empty).
-    void reset() noexcept {
-      if (auto* l = std::exchange(lock_, nullptr)) l->release();
-    }
-
-   private:
-    friend class lock;
-    explicit guard(lock& l) noexcept : lock_(&l) {}
-    lock* lock_ = nullptr;
-  };
+  /// Move-only ownership of the lock: releases it on destruction (move,
+  /// `reset()`, `explicit operator bool`). Must not outlive the lock.
+  using guard = detail::unique_permit<lock>;
 
   /// An unlocked lock without an executor.
   lock() : core_("sluice::lock", 1, true, asio::any_io_executor{}) {}

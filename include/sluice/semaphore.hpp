@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
+#include <sluice/detail/unique_permit.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -73,36 +74,9 @@ namespace sluice {
 /// @endcode
 class semaphore {
  public:
-  /// Move-only ownership of one permit: releases it on destruction.
-  class permit {
-   public:
-    /// An empty permit that owns nothing.
-    permit() noexcept = default;
-    /// Takes over `other`'s ownership; `other` is left empty.
-    permit(permit&& other) noexcept : sem_(std::exchange(other.sem_, nullptr)) {}
-    /// Releases what this owns, then takes over `other`'s ownership.
-    permit& operator=(permit&& other) noexcept {
-      if (this != &other) {
-        reset();
-        sem_ = std::exchange(other.sem_, nullptr);
-      }
-      return *this;
-    }
-    ~permit() { reset(); }
-
-    /// True while it owns a permit.
-    explicit operator bool() const noexcept { return sem_ != nullptr; }
-
-    /// Releases the permit now (no-op when empty).
-    void reset() noexcept {
-      if (auto* s = std::exchange(sem_, nullptr)) s->core_.release("");
-    }
-
-   private:
-    friend class semaphore;
-    explicit permit(semaphore& s) noexcept : sem_(&s) {}
-    semaphore* sem_ = nullptr;
-  };
+  /// Move-only ownership of one permit: releases it on destruction (move,
+  /// `reset()`, `explicit operator bool`). Must not outlive the semaphore.
+  using permit = detail::unique_permit<semaphore>;
 
   /// A semaphore with `initial` permits and no executor: handlers that have no
   /// executor of their own are rejected.

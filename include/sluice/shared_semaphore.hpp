@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/shared_permit_core.hpp>
+#include <sluice/detail/unique_permit.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -58,36 +59,10 @@ namespace sluice {
 /// @endcode
 class shared_semaphore {
  public:
-  /// Move-only ownership of one permit: releases it on destruction.
-  class permit {
-   public:
-    /// An empty permit that owns nothing.
-    permit() noexcept = default;
-    /// Takes over `other`'s ownership; `other` is left empty.
-    permit(permit&& other) noexcept : sem_(std::exchange(other.sem_, nullptr)) {}
-    /// Releases what this owns, then takes over `other`'s ownership.
-    permit& operator=(permit&& other) noexcept {
-      if (this != &other) {
-        reset();
-        sem_ = std::exchange(other.sem_, nullptr);
-      }
-      return *this;
-    }
-    ~permit() { reset(); }
-
-    /// True while it owns a permit.
-    explicit operator bool() const noexcept { return sem_ != nullptr; }
-
-    /// Releases the permit now (no-op when empty).
-    void reset() noexcept {
-      if (auto* s = std::exchange(sem_, nullptr)) s->core_.release();
-    }
-
-   private:
-    friend class shared_semaphore;
-    explicit permit(shared_semaphore& s) noexcept : sem_(&s) {}
-    shared_semaphore* sem_ = nullptr;
-  };
+  /// Move-only ownership of one permit: releases it on destruction, on any
+  /// thread (move, `reset()`, `explicit operator bool`). Must not outlive the
+  /// semaphore.
+  using permit = detail::unique_permit<shared_semaphore>;
 
   /// A semaphore with `initial` permits (at most 2^32 - 1, else
   /// `std::invalid_argument`) and no executor: handlers that have no executor
