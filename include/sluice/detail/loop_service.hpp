@@ -19,12 +19,16 @@
 // loop would have leaked.
 
 #include <sluice/config.hpp>
+#include <sluice/detail/completion.hpp>
 
 #include <sluice/detail/asio.hpp>
 
 #include <atomic>
+#include <condition_variable>
+#include <cstddef>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 namespace sluice::detail {
 
@@ -55,19 +59,25 @@ class loop_life {
   bool attach(loop_hook& h) {
     const std::lock_guard<std::recursive_mutex> lock(mutex_);
     if (ended_.load(std::memory_order_relaxed)) return false;
-    h.prev = nullptr;
-    h.next = head_;
-    if (head_ != nullptr) head_->prev = &h;
-    head_ = &h;
-    h.attached = true;
+    link(head_, h);
     return true;
   }
 
   // Unlinks `h` if it is linked (a no-op once the shutdown took it).
   void detach(loop_hook& h) noexcept {
     const std::lock_guard<std::recursive_mutex> lock(mutex_);
-    unlink(h);
+    unlink(head_, h);
   }
+
+  // The same without the lock, for hooks that only the context's own
+  // handlers attach and detach (a join, a stream's consumer): Asio forbids
+  // destroying a context while it runs, so those never race with end().
+  bool attach_local(loop_hook& h) noexcept {
+    if (ended_.load(std::memory_order_relaxed)) return false;
+    link(local_head_, h);
+    return true;
+  }
+  void detach_local(loop_hook& h) noexcept { unlink(local_head_, h); }
 
   // True once the context's shutdown has begun.
   [[nodiscard]] bool ended() const noexcept { return ended_.load(std::memory_order_acquire); }
@@ -77,28 +87,56 @@ class loop_life {
     return std::unique_lock<std::recursive_mutex>(mutex_);
   }
 
-  // The context is going away: detach every hook and run its on_end.
+  // From an on_end: the hook's operation is in the hands of another thread
+  // that cannot take the lock yet (a grant between two mutexes). end() then
+  // waits until that thread hand_back()s it, and runs its on_end again.
+  void expect_hand_back() noexcept { ++expected_; }
+
+  // From the thread that held the operation, under lock(): relinks `h` for
+  // end() to finish (see expect_hand_back).
+  void hand_back(loop_hook& h) noexcept {
+    link(head_, h);
+    --expected_;
+    handed_back_.notify_all();
+  }
+
+  // The context is going away: detach every hook and run its on_end, until
+  // none is left or expected back.
   void end() noexcept {
-    const std::lock_guard<std::recursive_mutex> lock(mutex_);
+    std::unique_lock<std::recursive_mutex> lock(mutex_);
     ended_.store(true, std::memory_order_release);
-    while (loop_hook* h = head_) {
-      unlink(*h);
-      h->on_end(h);
+    for (;;) {
+      while (loop_hook* h = head_ != nullptr ? head_ : local_head_) {
+        unlink(head_ == h ? head_ : local_head_, *h);
+        h->on_end(h);
+      }
+      if (expected_ == 0) return;
+      handed_back_.wait(lock);
     }
   }
 
  private:
-  void unlink(loop_hook& h) noexcept {
+  static void link(loop_hook*& head, loop_hook& h) noexcept {
+    h.prev = nullptr;
+    h.next = head;
+    if (head != nullptr) head->prev = &h;
+    head = &h;
+    h.attached = true;
+  }
+  static void unlink(loop_hook*& head, loop_hook& h) noexcept {
     if (!h.attached) return;
-    (h.prev != nullptr ? h.prev->next : head_) = h.next;
+    (h.prev != nullptr ? h.prev->next : head) = h.next;
     if (h.next != nullptr) h.next->prev = h.prev;
     h.prev = h.next = nullptr;
     h.attached = false;
   }
 
   std::recursive_mutex mutex_;
+  std::condition_variable_any handed_back_;
   std::atomic<bool> ended_{false};
-  loop_hook* head_ = nullptr;
+  loop_hook* head_ = nullptr;        // guarded by mutex_
+  loop_hook* local_head_ = nullptr;  // the context's own handlers only (attach_local)
+  std::size_t expected_ = 0;         // operations end() waits to be handed back
 };
 
 // sluice's service on an execution context: owns the context's loop_life and
@@ -125,6 +163,75 @@ class loop_service final : public asio::execution_context::service {
   void shutdown() override { life_->end(); }
 
   std::shared_ptr<loop_life> life_;
+};
+
+// A handler that sluice state holds while a coroutine waits in it (a join's
+// parent, a stream's consumer), let go at its loop's end. Such a handler owns
+// the waiting frame, and the frame owns the state: a cycle that only the
+// completion used to break, so a loop destroyed meanwhile leaked both. Here
+// the loop's shutdown destroys the handler (its slot cleared first) while the
+// context still lives; the frame then lets go of the state.
+//
+// Attached (locally: hold() and complete() run on the handler's own loop)
+// exactly while a handler is held. Not movable: the hook's address is linked.
+template <class... Args>
+class loop_held_handler : private loop_hook {
+ public:
+  loop_held_handler() noexcept { on_end = &drop; }
+  loop_held_handler(const loop_held_handler&) = delete;
+  loop_held_handler& operator=(const loop_held_handler&) = delete;
+  ~loop_held_handler() { let_go(); }
+
+  // Holds `h` (which completes on its associated executor, else `fallback`).
+  template <class Handler, class Executor>
+  void hold(Handler&& h, const Executor& fallback) {
+    auto& ctx = asio::query(asio::get_associated_executor(h, fallback),
+                            asio::execution::context_as<asio::execution_context&>);
+    let_go();
+    handler_ = erased_handler<Args...>(std::forward<Handler>(h), fallback);
+    if (&ctx != ctx_ || !life_ || !life_->attach_local(*this)) {
+      life_ = loop_service::life_of(ctx);
+      ctx_ = &ctx;
+      life_->attach_local(*this);
+    }
+  }
+
+  explicit operator bool() const noexcept { return static_cast<bool>(handler_); }
+
+  // As erased_handler's.
+  void complete(Args... args) {
+    let_go();
+    handler_.complete(std::move(args)...);
+  }
+  void clear_slot() { handler_.clear_slot(); }
+
+  // Takes the handler out (it is no longer let go at the loop's end).
+  erased_handler<Args...> release() noexcept {
+    let_go();
+    return std::move(handler_);
+  }
+
+  // Destroys a held handler unrun.
+  void reset() noexcept {
+    let_go();
+    handler_ = erased_handler<Args...>();
+  }
+
+ private:
+  void let_go() noexcept {
+    if (attached) life_->detach_local(*this);
+  }
+
+  static void drop(loop_hook* hook) noexcept {
+    auto* self = static_cast<loop_held_handler*>(hook);
+    if (self->handler_) self->handler_.clear_slot();
+    // The frame may own the state that owns *self: touch nothing after this.
+    erased_handler<Args...> dead = std::move(self->handler_);
+  }
+
+  erased_handler<Args...> handler_;
+  std::shared_ptr<loop_life> life_;         // of ctx_ (kept between holds: a cache)
+  asio::execution_context* ctx_ = nullptr;  // compared only, never dereferenced
 };
 
 }  // namespace sluice::detail
