@@ -57,7 +57,10 @@ struct progress_info {
 ///   so at most once per `every`;
 /// - and once at the end, with the final counts, when every task has finished
 ///   (also when the fan-out fails or is cancelled; not when it throws before
-///   starting anything: `limit == 0`, a caller cancelled before the call).
+///   starting anything: `limit == 0`, a caller cancelled before the call),
+///   unless the last periodic report, made at that same instant, already had
+///   the final counts (no line printed twice). The last report is the end
+///   state; the awaited call returns right after it.
 ///
 /// Why no timer of its own: the counts change only when a task starts or
 /// finishes, so a report between two such events would say nothing new. A
@@ -161,10 +164,14 @@ class progress_tracker {
   void waiting(std::size_t n) { info_.waiting = n; }
 
   // The end report (once).
+  // The end report (once): skipped only when the last report, made at the
+  // same instant, already said the same.
   void finish() {
     if (finished_) return;
     finished_ = true;
-    call(read_clock());
+    const auto t = read_clock();
+    if (reported_ && t - t0_ == info_.elapsed && last_ == counts()) return;
+    call(t);
   }
 
   // An exception thrown by report (the first), for the call to rethrow.
@@ -182,9 +189,19 @@ class progress_tracker {
  private:
   clock::time_point read_clock() const { return vclock_ ? vclock_->now() : clock::now(); }
 
+  struct counts_t {
+    std::size_t started, done, failed, waiting;
+    bool operator==(const counts_t&) const = default;
+  };
+  counts_t counts() const noexcept {
+    return {info_.started, info_.done, info_.failed, info_.waiting};
+  }
+
   void call(clock::time_point t) {
     if (error_) return;
     info_.elapsed = t - t0_;
+    reported_ = true;
+    last_ = counts();
     try {
       report_(std::as_const(info_));
     } catch (...) {
@@ -198,6 +215,8 @@ class progress_tracker {
   clock::time_point t0_{}, next_{};
   progress_info info_;
   std::exception_ptr error_;
+  counts_t last_{};
+  bool reported_ = false;
   bool finished_ = false;
 };
 
