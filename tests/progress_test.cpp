@@ -51,8 +51,8 @@ struct recorder {
   void operator()(const progress_info& p) {
     CHECK(p.started == p.done + p.failed + p.in_flight);
     CHECK(p.finished() == p.done + p.failed);
-    rows.push_back({std::chrono::duration_cast<milliseconds>(p.elapsed).count(), p.total,
-                    p.started, p.done, p.failed, p.in_flight, p.waiting});
+    rows.push_back({std::chrono::duration_cast<milliseconds>(p.elapsed).count(), p.total, p.started,
+                    p.done, p.failed, p.in_flight, p.waiting});
   }
 };
 
@@ -85,9 +85,8 @@ TEST_CASE("progress reports gather_with_concurrency at most once per period and 
   // Limit 2 over six 1 s tasks, every 1.5 s: nothing changes before 1 s; at
   // 1 s it is too early; at 2 s the first report (after the freed slot was
   // refilled), the next one would be due at 3.5 s: only the end at 3 s.
-  auto out = loop.run(
-      sluice::gather_with_concurrency(2, naps({1000, 1000, 1000, 1000, 1000, 1000}),
-                                      record(r, 1500ms)));
+  auto out = loop.run(sluice::gather_with_concurrency(2, naps({1000, 1000, 1000, 1000, 1000, 1000}),
+                                                      record(r, 1500ms)));
   CHECK(out.size() == 6);
   CHECK(r.rows == std::vector<row>{{2000, 6, 5, 3, 0, 2, 0}, {3000, 6, 6, 6, 0, 0, 0}});
 }
@@ -112,8 +111,7 @@ TEST_CASE("progress with every zero reports every start and every end", "[progre
                                    {300, 2, 2, 2, 0, 0, 0}});  // also the end
 }
 
-TEST_CASE("progress counts failures of a settling gather and totals a sized range",
-          "[progress]") {
+TEST_CASE("progress counts failures of a settling gather and totals a sized range", "[progress]") {
   virtual_loop loop;
   recorder r;
   std::vector<asio::awaitable<int>> tasks;
@@ -152,8 +150,8 @@ TEST_CASE("progress of an unbounded gather over a lazy range has no total", "[pr
       3, [](std::size_t i) { return nap(static_cast<int>(100 * (i + 1))); });
   auto out = loop.run(sluice::gather(tasks, record(r, 150ms)));
   CHECK(out == std::vector<int>{0, 0, 0});
-  CHECK(r.rows == std::vector<row>{{200, std::nullopt, 3, 2, 0, 1, 0},
-                                   {300, std::nullopt, 3, 3, 0, 0, 0}});
+  CHECK(r.rows ==
+        std::vector<row>{{200, std::nullopt, 3, 2, 0, 1, 0}, {300, std::nullopt, 3, 3, 0, 0, 0}});
 }
 
 TEST_CASE("progress of an empty gather is one end report", "[progress]") {
@@ -164,8 +162,7 @@ TEST_CASE("progress of an empty gather is one end report", "[progress]") {
   CHECK(r.rows == std::vector<row>{{0, 0, 0, 0, 0, 0, 0}});
 }
 
-TEST_CASE("progress of a cancelled gather reports the end after every task stopped",
-          "[progress]") {
+TEST_CASE("progress of a cancelled gather reports the end after every task stopped", "[progress]") {
   virtual_loop loop;
   recorder r;
   CHECK_THROWS_AS(loop.run(sluice::with_timeout(
@@ -188,14 +185,14 @@ TEST_CASE("a report that throws stops the reports; the gather runs on and rethro
   };
   std::vector<asio::awaitable<void>> tasks;
   for (int i = 0; i < 4; ++i) tasks.push_back(task(100 * (i + 1)));
-  CHECK_THROWS_WITH(loop.run(sluice::gather(std::move(tasks), sluice::progress(
-                                                                  [&](const progress_info&) {
-                                                                    ++calls;
-                                                                    throw std::runtime_error(
-                                                                        "report broke");
-                                                                  },
-                                                                  100ms))),
-                    "report broke");
+  CHECK_THROWS_WITH(
+      loop.run(sluice::gather(std::move(tasks), sluice::progress(
+                                                    [&](const progress_info&) {
+                                                      ++calls;
+                                                      throw std::runtime_error("report broke");
+                                                    },
+                                                    100ms))),
+      "report broke");
   CHECK(calls == 1);
   CHECK(finished == 4);
   CHECK(loop.now() == 400ms);
@@ -212,38 +209,35 @@ TEST_CASE("progress of map_unordered counts a task done when it finishes, not wh
   std::vector<int> ms{100, 200, 300, 400};
   std::vector<int> got;
   loop.run([&]() -> asio::awaitable<void> {
-    co_await sluice::for_each(sluice::map_unordered([](int d) { return nap(d, d); }, ms, 2,
-                                                    record(r, 150ms)),
-                              [&](int v) -> asio::awaitable<void> {
-                                got.push_back(v);
-                                co_await sluice::sleep(1ms);
-                              });
+    co_await sluice::for_each(
+        sluice::map_unordered([](int d) { return nap(d, d); }, ms, 2, record(r, 150ms)),
+        [&](int v) -> asio::awaitable<void> {
+          got.push_back(v);
+          co_await sluice::sleep(1ms);
+        });
   });
   CHECK(got.size() == 4);
   // 100: the 1st ends, is read, the 3rd starts (300 ms); 200: the 2nd ends
   // (due 150: report), is read, the 4th starts (400 ms); 400: the 3rd ends
   // (due 350); 600: the last one, which is also the end.
-  CHECK(r.rows == std::vector<row>{{200, 4, 3, 2, 0, 1, 0},
-                                   {400, 4, 4, 3, 0, 1, 0},
-                                   {600, 4, 4, 4, 0, 0, 0}});
+  CHECK(r.rows == std::vector<row>{
+                      {200, 4, 3, 2, 0, 1, 0}, {400, 4, 4, 3, 0, 1, 0}, {600, 4, 4, 4, 0, 0, 0}});
 }
 
-TEST_CASE("progress of a settling map_unordered over an async source has no total",
-          "[progress]") {
+TEST_CASE("progress of a settling map_unordered over an async source has no total", "[progress]") {
   virtual_loop loop;
   recorder r;
   std::vector<int> ms{100, 200, 300};
   std::size_t failures = 0;
   loop.run([&]() -> asio::awaitable<void> {
     auto upstream = sluice::map_unordered([](int d) { return nap(d, d); }, ms, 3);
-    co_await sluice::for_each(
-        sluice::map_unordered(
-            [](int d) -> asio::awaitable<int> {
-              if (d == 200) co_return co_await nap_then_fail(50);
-              co_return co_await nap(50, d);
-            },
-            std::move(upstream), 1, sluice::return_exceptions, record(r, 0s)),
-        [&](sluice::outcome<int> o) { failures += o ? 0 : 1; });
+    co_await sluice::for_each(sluice::map_unordered(
+                                  [](int d) -> asio::awaitable<int> {
+                                    if (d == 200) co_return co_await nap_then_fail(50);
+                                    co_return co_await nap(50, d);
+                                  },
+                                  std::move(upstream), 1, sluice::return_exceptions, record(r, 0s)),
+                              [&](sluice::outcome<int> o) { failures += o ? 0 : 1; });
   });
   CHECK(failures == 1);
   CHECK(r.rows == std::vector<row>{{100, std::nullopt, 1, 0, 0, 1, 0},
@@ -270,7 +264,9 @@ TEST_CASE("progress of a task_group reports children, with those waiting for a s
           "[progress]") {
   virtual_loop loop;
   recorder r;
-  auto child = [](int ms) -> asio::awaitable<void> { co_await sluice::sleep(milliseconds(ms)); };
+  auto child = [](int ms) -> asio::awaitable<void> {
+    co_await sluice::sleep(milliseconds(ms));
+  };
   loop.run(sluice::task_group::run(
       2,
       [&](sluice::task_group& g) -> asio::awaitable<void> {

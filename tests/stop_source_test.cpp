@@ -167,20 +167,19 @@ TEST_CASE("a child failing during the grace fails the group", "[stop_source]") {
   virtual_loop loop;
   stop_source stop;
   child_log log;
-  CHECK_THROWS_WITH(
-      loop.run(task_group::run(
-          3,
-          [&](task_group& g) -> asio::awaitable<void> {
-            g.spawn(child(loop, log, 10s));
-            g.spawn([]() -> asio::awaitable<void> {
-              co_await sluice::sleep(2s);
-              throw std::runtime_error("failed in the grace");
-            }());
-            co_await sluice::sleep(1s);
-            stop.request(5s);
-          },
-          stop)),
-      "failed in the grace");
+  CHECK_THROWS_WITH(loop.run(task_group::run(
+                        3,
+                        [&](task_group& g) -> asio::awaitable<void> {
+                          g.spawn(child(loop, log, 10s));
+                          g.spawn([]() -> asio::awaitable<void> {
+                            co_await sluice::sleep(2s);
+                            throw std::runtime_error("failed in the grace");
+                          }());
+                          co_await sluice::sleep(1s);
+                          stop.request(5s);
+                        },
+                        stop)),
+                    "failed in the grace");
   CHECK(log.cancelled == std::vector<nanoseconds>{2s});  // fail fast, not the grace's end
 }
 

@@ -520,20 +520,20 @@ TEST_CASE("spawn_when_ready returns false once the group stops, its child never 
   census c;
   bool ran = false;
   std::optional<bool> waiting_result;
-  CHECK_THROWS_WITH(loop.run(task_group::run(
-                        2,
-                        [&](task_group& g) -> asio::awaitable<void> {
-                          g.spawn(sleeper(c, 10s));
-                          g.spawn([]() -> asio::awaitable<void> {
-                            co_await sluice::sleep(1s);
-                            throw std::runtime_error("child failed");
-                          }());
-                          auto t = [](bool& r) -> asio::awaitable<void> {
-                            r = true;
-                            co_return;
-                          }(ran);
-                          waiting_result = co_await g.spawn_when_ready(std::move(t));
-                        })),
+  CHECK_THROWS_WITH(loop.run(task_group::run(2,
+                                             [&](task_group& g) -> asio::awaitable<void> {
+                                               g.spawn(sleeper(c, 10s));
+                                               g.spawn([]() -> asio::awaitable<void> {
+                                                 co_await sluice::sleep(1s);
+                                                 throw std::runtime_error("child failed");
+                                               }());
+                                               auto t = [](bool& r) -> asio::awaitable<void> {
+                                                 r = true;
+                                                 co_return;
+                                               }(ran);
+                                               waiting_result =
+                                                   co_await g.spawn_when_ready(std::move(t));
+                                             })),
                     "child failed");
   CHECK(!ran);
   CHECK(waiting_result == false);

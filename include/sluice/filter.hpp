@@ -44,12 +44,14 @@ concept filter_function = fan_out_function<F, In> &&
 /// Throws `std::invalid_argument` at once if `limit == 0`.
 ///
 /// @code
-/// auto fresh = sluice::filter([&](std::string key) -> asio::awaitable<std::optional<std::string>> {
+/// auto fresh = sluice::filter([&](std::string key) -> asio::awaitable<std::optional<std::string>>
+/// {
 ///   if (co_await cache.has(key)) co_return std::nullopt;   // dropped here
 ///   co_return key;
 /// }, keys, 16);
 /// co_await sluice::for_each(sluice::map_unordered(download, std::move(fresh), 4),
-///                           [&](blob b) { store(b); });   // 4 downloads, none spent on cached keys
+///                           [&](blob b) { store(b); });   // 4 downloads, none spent on cached
+///                           keys
 /// @endcode
 template <class F, class In>
 requires filter_function<F, In>

@@ -220,8 +220,7 @@ auto start_gather(std::size_t limit, R&& r, P&&... p) {
       "task when it is dereferenced).");
   using state = gather_state<R, Settle, typename tracker_for<std::remove_cvref_t<P>...>::type>;
   auto s = std::make_shared<state>(std::forward<R>(r), std::forward<P>(p)...);
-  if constexpr (state::store_results &&
-                std::ranges::sized_range<std::remove_reference_t<R>>)
+  if constexpr (state::store_results && std::ranges::sized_range<std::remove_reference_t<R>>)
     s->results.reserve(static_cast<std::size_t>(std::ranges::size(s->input.range())));
   return run_gather(std::move(s), limit);
 }

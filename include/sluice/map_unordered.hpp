@@ -116,7 +116,10 @@ class map_core final
  public:
   template <class... P>
   map_core(F fn, In&& in, std::size_t limit, P&&... p)
-      : base(limit), fn_(std::move(fn)), input_(std::forward<In>(in)), progress_(std::forward<P>(p)...) {}
+      : base(limit),
+        fn_(std::move(fn)),
+        input_(std::forward<In>(in)),
+        progress_(std::forward<P>(p)...) {}
 
  private:
   void spawn_worker() override {

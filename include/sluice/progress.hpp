@@ -133,8 +133,7 @@ class progress_tracker {
  public:
   static constexpr bool enabled = true;
 
-  explicit progress_tracker(progress<F>&& p)
-      : report_(std::move(p.report_)), every_(p.every_) {}
+  explicit progress_tracker(progress<F>&& p) : report_(std::move(p.report_)), every_(p.every_) {}
 
   // The fan-out starts on `ex` (before its first task).
   template <class Executor>

@@ -151,8 +151,7 @@ class task_group : public std::enable_shared_from_this<task_group>, private deta
   /// As `run(limit, body)`, with progress reports on the children (see
   /// `sluice::progress`).
   template <task_group_body Body, class F>
-  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body,
-                                                 progress<F> report) {
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body, progress<F> report) {
     check_limit(limit);
     return run_impl(limit, std::move(body), nullptr,
                     std::make_unique<detail::progress_hooks_for<F>>(std::move(report)));
@@ -291,7 +290,7 @@ class task_group : public std::enable_shared_from_this<task_group>, private deta
     error_code ec;
     auto join_token = asio::redirect_error(asio::use_awaitable, ec);
     co_await g->async_join(join_token);
-    g->detach();  // no stop request reaches a group that has finished
+    g->detach();      // no stop request reaches a group that has finished
     if (g->grace_) {  // a grace timer may still wait: end it and wait for it
       error_code grace_ec;
       auto grace_token = asio::redirect_error(asio::use_awaitable, grace_ec);
@@ -503,7 +502,7 @@ class task_group : public std::enable_shared_from_this<task_group>, private deta
   bool draining_ = false;                      // a stop request: no new children
   bool quiet_abort_ = false;                   // operation_aborted is not a failure
   std::optional<clock::time_point> grace_deadline_;
-  std::shared_ptr<detail::child_set> grace_;   // the grace timer, once a stop asked for one
+  std::shared_ptr<detail::child_set> grace_;  // the grace timer, once a stop asked for one
   hooks_ptr progress_;
   bool parent_cancelled_ = false;
   std::exception_ptr first_error_;
