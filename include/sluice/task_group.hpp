@@ -115,7 +115,8 @@ concept task_group_body = std::invocable<F&, task_group&> &&
 ///   co_return;
 /// });   // every page crawled, or the first error after everything stopped
 /// @endcode
-class task_group : public std::enable_shared_from_this<task_group>, private detail::stop_listener {
+class task_group final : public std::enable_shared_from_this<task_group>,
+                         private detail::stop_listener {
   struct key {};
   using hooks_ptr = std::unique_ptr<detail::progress_hooks>;
 
