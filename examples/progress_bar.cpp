@@ -63,8 +63,8 @@ class bar {
 };
 
 asio::awaitable<void> batch(double scale, bool tty) {
-  testing::slow_service service({.latency = testing::latency::uniform(50ms, 500ms, 11),
-                                 .time_scale = scale});
+  testing::slow_service service(
+      {.latency = testing::latency::uniform(50ms, 500ms, 11), .time_scale = scale});
   std::vector<asio::awaitable<void>> work;
   for (std::size_t i = 0; i < calls; ++i) work.push_back(service.call("", "fetch"));
   bar b(tty);
