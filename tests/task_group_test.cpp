@@ -540,3 +540,41 @@ TEST_CASE("spawn_when_ready returns false once the group stops, its child never 
   CHECK(c.alive() == 0);
   CHECK(loop.now() == 1s);
 }
+
+TEST_CASE("spawn_when_ready from a caller cancelled before the call starts nothing",
+          "[task_group]") {
+  virtual_loop loop;
+  bool ran = false;
+  bool threw = false;
+  bool producer_done = false;
+  asio::cancellation_signal cancel;
+  loop.run(task_group::run(1, [&](task_group& g) -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    // A producer of our own, cancelled (terminal) before it calls; it keeps
+    // running because it turned throw_if_cancelled off.
+    asio::co_spawn(
+        ex,
+        [&]() -> asio::awaitable<void> {
+          co_await asio::this_coro::throw_if_cancelled(false);
+          try {
+            co_await sluice::sleep(1h);
+          } catch (const std::system_error&) {
+          }
+          auto child = [](bool& r) -> asio::awaitable<void> {
+            r = true;
+            co_return;
+          }(ran);
+          try {
+            co_await g.spawn_when_ready(std::move(child));
+          } catch (const std::system_error& e) {
+            threw = e.code() == asio::error::operation_aborted;
+          }
+        },
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr) { producer_done = true; }));
+    co_await sluice::sleep(1s);
+    cancel.emit(asio::cancellation_type::terminal);
+    while (!producer_done) co_await sluice::sleep(1s);
+  }));
+  CHECK(threw);
+  CHECK(!ran);
+}
