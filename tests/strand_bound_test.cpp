@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: BSL-1.0
+#include <sluice/adaptive_limit.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/lock.hpp>
 #include <sluice/rate_limiter.hpp>
+#include <sluice/retry.hpp>
 #include <sluice/semaphore.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/strand_bound.hpp>
@@ -466,4 +468,50 @@ TEST_CASE("diagnostics are read on the limit's strand, visit() reads several at 
   CHECK(waiters == 0);
   CHECK(both == std::pair<std::size_t, std::size_t>{0, 1});
   CHECK(per_user.underlying().keys() == 0);  // the permits' releases ran on the strand
+}
+
+TEST_CASE("an adaptive_limit shared by sessions on 4 threads counts every outcome",
+          "[strand_bound]") {
+  constexpr int sessions = 32, calls = 10;
+  server srv;
+  sluice::strand_bound<sluice::adaptive_limit> cap{
+      asio::make_strand(srv.ctx),
+      sluice::adaptive_limit::options{.initial = 4, .min = 1, .max = 8}};
+  std::atomic<int> in_flight{0}, over{0}, taken{0};
+  srv.sessions(sessions, [&](int s) -> asio::awaitable<void> {
+    for (int i = 0; i < calls; ++i) {
+      if (i % 2 == 0) {  // a permit, reported through the strand
+        auto p = co_await cap.scoped_acquire();
+        ++in_flight;
+        if (in_flight.load() > 8) ++over;
+        co_await pause(100us);
+        --in_flight;
+        if ((s + i) % 10 == 0) {
+          p.throttled();
+        } else {
+          p.succeeded();
+        }
+      } else {  // run(fn): fn and its work on the limit's strand
+        auto fn = [&, s, i]() -> asio::awaitable<int> {
+          if ((s + i) % 10 == 1) throw sluice::throttled_error("provider says no");
+          co_return 1;
+        };
+        try {
+          co_await cap.run(fn);
+        } catch (const sluice::throttled_error&) {
+        }
+      }
+    }
+    auto t = co_await cap.try_acquire(co_await asio::this_coro::executor);
+    if (t) ++taken;
+  });
+  srv.run(4);
+  srv.check();
+  CHECK(over.load() == 0);
+  CHECK(taken.load() > 0);
+  const auto& l = cap.underlying();
+  CHECK(l.in_flight() == 0);
+  CHECK(l.waiters() == 0);
+  CHECK(l.successes() + l.throttles() == std::size_t{sessions * calls});
+  CHECK(l.throttles() == std::size_t{sessions * calls / 10});
 }
