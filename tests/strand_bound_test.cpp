@@ -133,7 +133,7 @@ TEST_CASE("64 sessions on 4 threads share a rate limit, a per-user limit and sin
           "[strand_bound]") {
   constexpr int sessions = 64, rounds = 5, users = 8;
   constexpr std::size_t calls = 40;
-  constexpr auto per = 100ms;
+  constexpr auto per = 200ms;
   server srv;
   sluice::strand_bound<sluice::rate_limiter> rps{asio::make_strand(srv.ctx), calls, per};
   sluice::strand_bound<sluice::keyed_semaphore<int>> per_user{asio::make_strand(srv.ctx), 2};
@@ -192,9 +192,17 @@ TEST_CASE("64 sessions on 4 threads share a rate limit, a per-user limit and sin
 
   // The rate: arrivals counted by the provider, in windows shortened by a
   // margin for the travel from the grant (on the limit's strand) to the
-  // arrival (on the session's thread).
+  // arrival (on the session's thread, after the hop back): half the window,
+  // since under ThreadSanitizer on a loaded machine that hop took over 25 ms.
+  // (The sliding window itself is proven exactly in virtual time by
+  // rate_limiter_test; this checks that sharing it across threads breaks
+  // nothing.)
   REQUIRE(arrivals.size() == std::size_t{sessions * rounds});
-  CHECK(most_in_window(arrivals, per - 25ms) <= calls);
+  CHECK(most_in_window(arrivals, per / 2) <= calls);
+  // ... and over the whole run: 320 starts at 40 per window take at least 7
+  // windows from the first grant to the last (less the same margin).
+  const auto [first, last] = std::minmax_element(arrivals.begin(), arrivals.end());
+  CHECK(*last - *first >= (sessions * rounds / calls - 1) * per - per / 2);
   CHECK(most_per_user.load() <= 2);
   // Single-flight: one execution of a key at a time, every caller handed the
   // result of an execution that ran during its call, and callers did share.
