@@ -32,8 +32,7 @@
 // drives it with `wrk` against a real slow_server process.
 
 #ifndef SLUICE_USE_BOOST_ASIO
-#error \
-    "http_gateway uses Boost.Beast: build it with SLUICE_USE_BOOST_ASIO (examples/CMakeLists.txt does)"
+#error "http_gateway uses Boost.Beast: build it with SLUICE_USE_BOOST_ASIO"
 #endif
 
 #include <sluice/gather.hpp>

@@ -111,8 +111,9 @@ class strand_permit {
 /// and one single-flight table. Works for `semaphore`, `bounded_semaphore`,
 /// `lock`, `keyed_semaphore`, `rate_limiter`, `token_bucket`,
 /// `keyed_rate_limiter`, `single_flight`, `adaptive_limit` and any type with
-/// the same shapes of members (an adapter over the loop-affine cores, not a second copy of their
-/// logic; `shared_semaphore` is the lock-free alternative for a plain count).
+/// the same shapes of members (an adapter over the loop-affine cores, not a
+/// second copy of their logic; `shared_semaphore` is the lock-free
+/// alternative for a plain count).
 ///
 /// Construction: `strand_bound<L> b{strand, args...}` builds `L{strand,
 /// args...}` when `L` takes an executor first, else `L{args...}`. The strand
@@ -162,10 +163,12 @@ class strand_permit {
 /// a coroutine on the limit's strand; every caller resumes on its own
 /// executor. The same holds for `adaptive_limit::run(fn)`: `fn()` and its
 /// work run on the limit's strand (its outcome is reported there); a
-/// `scoped_acquire()` permit reports through `strand_permit::succeeded()` etc. So the work's own
-/// completions (its I/O) are serialised with the limit's other calls: keep CPU-heavy work off it
-/// (`sluice::to_thread`), give each `single_flight` a strand of its own, and take `fn`'s captures
-/// by value (the work may outlive the first caller, as `single_flight` says).
+/// `scoped_acquire()` permit reports through `strand_permit::succeeded()` etc.
+/// So the work's own completions (its I/O) are serialised with the limit's
+/// other calls: keep CPU-heavy work off it (`sluice::to_thread`), give each
+/// `single_flight` a strand of its own (examples/http_gateway.cpp shards one
+/// per thread), and take `fn`'s captures by value (the work may outlive the
+/// first caller, as `single_flight` says).
 ///
 /// Throws: what `L` throws, at the awaiting caller (`std::invalid_argument`
 /// for a bad `n`, `std::logic_error` for a `try_acquire` misuse, ...). A
