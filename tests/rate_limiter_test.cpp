@@ -475,3 +475,28 @@ TEST_CASE("a rate_limiter used from a thread that is not running its loop aborts
 }
 #endif
 #endif
+
+TEST_CASE("in real time a start counts for per + margin, and from its call's end once restamped",
+          "[rate_limiter]") {
+  sluice::detail::sliding_window w(1, 10s, "w");
+  const sluice::clock::time_point t0{};
+  w.take(1, t0);
+  CHECK(w.ready_at(1, t0) == t0 + 10s);  // a virtual clock: exact (rate_core restamps only on
+                                         // the steady clock: acquire_all_test's schedules)
+  w.real_time(true);                     // the steady clock
+  CHECK(w.margin() == 100ms);
+  CHECK(w.ready_at(1, t0) == t0 + 10s + 100ms);
+  w.restamp(1, t0, t0 + 3s);  // the call completed at 3 s: counts from then
+  CHECK(w.ready_at(1, t0 + 3s) == t0 + 13s + 100ms);
+  w.set_margin(0s, "w");
+  CHECK(w.ready_at(1, t0 + 3s) == t0 + 13s);
+  w.restamp(1, t0, t0 + 4s);  // nothing recorded at 0 s any more: no change
+  CHECK(w.ready_at(1, t0 + 4s) == t0 + 13s);
+  CHECK_THROWS_AS(w.set_margin(-1ns, "w"), std::invalid_argument);
+
+  sluice::rate_limiter rpm{60, 1min};
+  CHECK(rpm.margin() == 600ms);
+  rpm.set_margin(2s);
+  CHECK(rpm.margin() == 2s);
+  CHECK_THROWS_AS(rpm.set_margin(-1s), std::invalid_argument);
+}

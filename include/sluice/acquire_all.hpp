@@ -129,11 +129,32 @@ struct rate_budget {
   rate_limiter_api<Policy>* r;
   std::size_t n;
 
-  // A start (or n tokens) taken at `at`; kept when destroyed.
+  // A start (or n tokens) taken at `at`; kept when destroyed, and on the
+  // steady clock a sliding window counts it from then on (the call's
+  // completion) instead of from `at` (rate_core::restamp).
   struct held {
     rate_limiter_api<Policy>* r = nullptr;
     std::size_t n = 0;
     clock::time_point at{};
+
+    held() noexcept = default;
+    held(rate_limiter_api<Policy>* l, std::size_t count, clock::time_point t) noexcept
+        : r(l), n(count), at(t) {}
+    held(held&& o) noexcept : r(std::exchange(o.r, nullptr)), n(o.n), at(o.at) {}
+    held& operator=(held&& o) noexcept {
+      if (this != &o) {
+        reset();
+        r = std::exchange(o.r, nullptr);
+        n = o.n;
+        at = o.at;
+      }
+      return *this;
+    }
+    ~held() { reset(); }
+    // The call is done: the start counts from now (real time).
+    void reset() noexcept {
+      if (auto* l = std::exchange(r, nullptr)) rate_access::core(*l).restamp(n, at);
+    }
   };
 
   budget_id id() const noexcept { return {r, 0}; }
@@ -146,8 +167,7 @@ struct rate_budget {
     co_return held{r, n, at};
   }
   static void undo(held& h) {
-    if (h.r) rate_access::core(*h.r).give_back(std::exchange(h.n, 0), h.at);
-    h.r = nullptr;
+    if (auto* l = std::exchange(h.r, nullptr)) rate_access::core(*l).give_back(h.n, h.at);
   }
 };
 
@@ -320,8 +340,9 @@ asio::awaitable<bool> wait_then_take(const Budgets& bs, Parts& parts,
 }  // namespace detail
 
 /// What `sluice::acquire_all` took: the permits it holds (released on
-/// destruction or `release()`) and the rate starts it recorded (kept). Must
-/// not outlive the budgets. Move-only.
+/// destruction or `release()`) and the rate starts it recorded (kept; in real
+/// time counted from that instant on). Must not outlive the budgets.
+/// Move-only.
 ///
 /// `get<I>()` is the I-th budget's part: a `keyed_semaphore::permit` for a
 /// key, an `adaptive_limit::permit` (report the call's outcome through it:
@@ -351,7 +372,8 @@ class all_held {
     return *std::get<I>(parts_);
   }
 
-  /// Releases every permit now (rate starts stay recorded). Idempotent.
+  /// The call is done: releases every permit now (rate starts stay recorded,
+  /// counted from now in real time). Idempotent.
   void release() noexcept {
     std::apply([](auto&... p) { (p.reset(), ...); }, parts_);
   }
@@ -423,7 +445,12 @@ asio::awaitable<all_held<B...>> acquire_all_op(std::tuple<B...> bs, std::index_s
 ///   disjoint budgets do not wait for each other). Callers of the budgets'
 ///   own `acquire` are not ordered against `acquire_all` callers.
 /// - Rate starts are recorded at the instant of the grant of all (exact in
-///   virtual time).
+///   virtual time). On the steady clock, when the `all_held` is destroyed
+///   (or `release()`d: the call is done), a `rate_limiter`'s start counts from
+///   that instant instead: the provider counted the request before it
+///   answered, so the start that reuses its place arrives at least `per`
+///   after it however long the request travelled (see `rate_limiter`: Real
+///   time). Destroy it when the call completes.
 /// - Per-Operation Cancellation: as the budgets' own waits (terminal,
 ///   partial, total): a cancelled call holds nothing and recorded nothing,
 ///   and a caller cancelled before the call takes nothing and throws

@@ -58,7 +58,7 @@ class rate_core {
   rate_core(const char* name, Policy policy, asio::any_io_executor ex)
       : name_(name), policy_(std::move(policy)), ex_(std::move(ex)), timer_(&on_event, this) {
     affinity_.bind(ex_);
-    clock_.bind(ex_, name_);
+    bind_clock(ex_);
     waiters_.on_cancel(&on_event, this);
   }
   rate_core(const rate_core&) = delete;
@@ -75,6 +75,7 @@ class rate_core {
     check(n);
     const auto in = affinity_.enter(name_);
     clock_.bind_if_unbound();
+    sync_clock_kind();
     return try_take(n, clock_.now());
   }
 
@@ -84,7 +85,7 @@ class rate_core {
     affinity_.bind(hex);
     const auto in = affinity_.enter(name_);
     asio::any_io_executor any(hex);
-    clock_.bind(any, name_);
+    bind_clock(any);
     const auto now = clock_.now();
     const bool ready = waiters_.empty() && policy_.ready_at(n, now) <= now;
     start_wait<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_, waiters_, ready,
@@ -121,7 +122,7 @@ class rate_core {
   bool ready(std::size_t n, const asio::any_io_executor& ex) {
     affinity_.bind(ex);
     const auto in = affinity_.enter(name_);
-    clock_.bind(ex, name_);
+    bind_clock(ex);
     const auto now = clock_.now();
     return waiters_.empty() && policy_.ready_at(n, now) <= now;
   }
@@ -129,7 +130,7 @@ class rate_core {
   // grant time.
   clock::time_point take_ready(std::size_t n, const asio::any_io_executor& ex) {
     const auto in = affinity_.enter(name_);
-    clock_.bind(ex, name_);
+    bind_clock(ex);
     const auto now = clock_.now();
     policy_.take(n, now);
     return now;
@@ -140,8 +141,27 @@ class rate_core {
     service();
   }
 
+  // On the steady clock, n starts granted at `at` whose call has completed
+  // count in a sliding window from now (the provider counted the request
+  // before it answered, so a start in its place `per` later arrives at least
+  // `per` after it, however long the request travelled). A later instant only
+  // delays the head: the armed timer finds that out when it fires. In virtual
+  // time, and for a token bucket, nothing changes.
+  void restamp(std::size_t n, clock::time_point at) noexcept {
+    if constexpr (requires(Policy & p) { p.restamp(n, at, at); }) {
+      if (!clock_.bound() || clock_.virtual_clock() != nullptr) return;
+      try {
+        policy_.restamp(n, at, clock_.now());
+      } catch (...) {  // out of memory: the start left the window early
+      }
+    }
+  }
+
   // For keyed limiters: share an already bound clock.
-  void adopt_clock(const clock_source& c) noexcept { clock_.adopt(c); }
+  void adopt_clock(const clock_source& c) noexcept {
+    clock_.adopt(c);
+    sync_clock_kind();
+  }
 
   [[nodiscard]] std::size_t waiters() const noexcept { return waiters_.size(); }
   [[nodiscard]] std::size_t max_waiters() const noexcept { return waiters_.max_size(); }
@@ -157,7 +177,7 @@ class rate_core {
     if (state.cancelled() != asio::cancellation_type::none)
       throw system_error(asio::error::operation_aborted, name_);
     affinity_.check(name_);  // a check only: no scope across co_await
-    clock_.bind(co_await asio::this_coro::executor, name_);
+    bind_clock(co_await asio::this_coro::executor);
     if (const auto now = clock_.now(); try_take(n, now)) {
       if constexpr (Granted) {
         co_return now;
@@ -179,6 +199,17 @@ class rate_core {
       throw system_error(asio::error::operation_aborted, name_);
     }
     if constexpr (Granted) co_return granted;
+  }
+
+  void bind_clock(const asio::any_io_executor& ex) {
+    clock_.bind(ex, name_);
+    sync_clock_kind();
+  }
+  // Tells the policy which clock its times are on (a sliding window adds its
+  // travel-time margin on the steady clock only).
+  void sync_clock_kind() noexcept {
+    if constexpr (requires(Policy & p) { p.real_time(true); })
+      policy_.real_time(clock_.bound() && clock_.virtual_clock() == nullptr);
   }
 
   bool try_take(std::size_t n, clock::time_point now) {

@@ -21,17 +21,35 @@ namespace sluice::detail {
 
 // The window of a sliding-window limiter: at most `calls` starts in any
 // half-open window (t - per, t], the rule slow_service's quota enforces.
+// On the steady clock a start stays in the window for per + margin (a
+// travel-time allowance, default per / 100: the provider counts a request
+// when it arrives, and that varies from call to call); on a virtual clock
+// for exactly per (real_time(false), the default until a clock is bound).
 // Invariants: starts_ holds (time, count) in increasing time, none expired as
 // of the last expire(); used_ is the sum of the counts and never exceeds
-// calls_.
+// calls_; slack_ is margin_ on the steady clock and 0 on a virtual one.
 class sliding_window {
  public:
   sliding_window(std::size_t calls, clock::duration per, const char* who)
-      : calls_(calls), per_(per) {
+      : calls_(calls), per_(per), margin_(per / 100) {
     if (calls == 0) throw std::invalid_argument(std::string(who) + ": calls must be at least 1");
     if (per <= clock::duration::zero())
       throw std::invalid_argument(std::string(who) + ": the window `per` must be positive");
   }
+
+  // The clock the starts are recorded on: the steady one (the margin
+  // applies) or a virtual one (exact).
+  void real_time(bool real) noexcept {
+    real_ = real;
+    slack_ = real ? margin_ : clock::duration::zero();
+  }
+  void set_margin(clock::duration m, const char* who) {
+    if (m < clock::duration::zero())
+      throw std::invalid_argument(std::string(who) + ": the margin must be >= 0");
+    margin_ = m;
+    real_time(real_);
+  }
+  [[nodiscard]] clock::duration margin() const noexcept { return margin_; }
 
   void check(std::size_t n, const char* who) const {
     if (n == 0 || n > calls_)
@@ -64,19 +82,28 @@ class sliding_window {
     used_ += n;
   }
 
-  // Forgets n starts recorded at `at` (a grant that never started).
-  void give_back(std::size_t n, clock::time_point at) {
+  // Forgets n starts recorded at `at` (a grant that never started). False if
+  // none is recorded there any more (expired).
+  bool give_back(std::size_t n, clock::time_point at) {
     for (auto it = starts_.end(); it != starts_.begin();) {
       --it;
-      if (it->at < at) return;
+      if (it->at < at) return false;
       if (it->at == at) {
         const std::size_t k = std::min(n, it->count);
         it->count -= k;
         used_ -= k;
         if (it->count == 0) starts_.erase(it);
-        return;
+        return true;
       }
     }
+    return false;
+  }
+
+  // n starts recorded at `at` count from `now` instead (their call has
+  // completed: the provider counted it before it answered). Expired ones
+  // stay gone. `now` is the latest time recorded, so the order holds.
+  void restamp(std::size_t n, clock::time_point at, clock::time_point now) {
+    if (at < now && give_back(n, at)) take(n, now);
   }
 
   // True when the window is empty at `now` (a fresh limiter).
@@ -97,10 +124,11 @@ class sliding_window {
     clock::time_point at;
     std::size_t count;
   };
-  // The instant a start at `at` leaves the window; time_point::max() (never)
-  // rather than a wrapped sum for a window of duration::max().
+  // The instant a start at `at` leaves the window (after per_ plus the
+  // real-time slack); time_point::max() (never) rather than a wrapped sum
+  // for a window of duration::max().
   [[nodiscard]] clock::time_point leaves_at(clock::time_point at) const noexcept {
-    return add_saturating(at, per_);
+    return add_saturating(add_saturating(at, per_), slack_);
   }
   void expire(clock::time_point now) {
     while (!starts_.empty() && leaves_at(starts_.front().at) <= now) {
@@ -111,6 +139,9 @@ class sliding_window {
 
   std::size_t calls_;
   clock::duration per_;
+  clock::duration margin_;
+  clock::duration slack_{};
+  bool real_ = false;
   std::size_t used_ = 0;
   std::deque<start> starts_;
 };
