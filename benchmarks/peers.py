@@ -57,7 +57,7 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 
 
 def build_peers(out):
-    d = os.path.join(out, "peers")
+    d = os.path.abspath(os.path.join(out, "peers"))
     os.makedirs(d, exist_ok=True)
     env = dict(os.environ, GO111MODULE="off", GOPATH="/usr/share/gocode", GOFLAGS="",
                GOCACHE=os.path.join(d, "gocache"), GOTOOLCHAIN="local")
