@@ -5,6 +5,7 @@
 //
 //   sluice_peer <impl> <workload> <kind> <n> [unsafe]
 //     impl      sluice | floor   (floor: the Asio lower bound of the workload)
+//               | sluice_next (stream only: read by `while (auto r = co_await s.next())`)
 //     workload  fanout   bounded fan-out, limit 100, lazy input:
 //                        sluice: gather_with_concurrency(100, lazy range of task(i))
 //                        floor:  for (i) sum += co_await task(i)
@@ -84,6 +85,9 @@ class iota_input {
   std::int64_t n_;
 };
 
+// sluice_next: the stream read by `while (auto r = co_await s.next())`.
+bool next_loop = false;
+
 struct result {
   std::int64_t sum = 0;
   std::int64_t handoffs = 0;
@@ -103,7 +107,12 @@ asio::awaitable<void> fanout(bool sluice_impl, std::int64_t n, result& r) {
 
 template <kind K>
 asio::awaitable<void> stream(bool sluice_impl, std::int64_t n, result& r) {
-  if (sluice_impl) {
+  if (sluice_impl && next_loop) {
+    auto s = sluice::map_unordered(
+        [](std::int64_t i) { return sluice_bench::task<K>(static_cast<int>(i)); }, iota_input(n),
+        64);
+    while (auto x = co_await s.next()) r.sum += *x;
+  } else if (sluice_impl) {
     co_await sluice::for_each(
         sluice::map_unordered(
             [](std::int64_t i) { return sluice_bench::task<K>(static_cast<int>(i)); },
@@ -175,7 +184,8 @@ long peak_rss_kib() {
 
 [[noreturn]] void usage() {
   std::fputs(
-      "usage: sluice_peer sluice|floor fanout|stream|handoff immediate|suspending N [unsafe]\n",
+      "usage: sluice_peer sluice|sluice_next|floor fanout|stream|handoff immediate|suspending N "
+      "[unsafe]\n",
       stderr);
   std::exit(2);
 }
@@ -187,9 +197,11 @@ int main(int argc, char** argv) try {
   const std::string impl = argv[1], workload = argv[2], k = argv[3];
   const std::int64_t n = std::atoll(argv[4]);
   const bool unsafe = argc > 5 && std::strcmp(argv[5], "unsafe") == 0;
-  if ((impl != "sluice" && impl != "floor") || (k != "immediate" && k != "suspending") || n <= 0)
+  if (impl == "sluice_next") next_loop = true;
+  if ((impl != "sluice" && impl != "floor" && !next_loop) ||
+      (k != "immediate" && k != "suspending") || n <= 0)
     usage();
-  const bool s = impl == "sluice", susp = k == "suspending";
+  const bool s = impl != "floor", susp = k == "suspending";
 #if defined(SLUICE_USE_BOOST_ASIO)
   const int hint = unsafe ? BOOST_ASIO_CONCURRENCY_HINT_UNSAFE : 1;
 #else
