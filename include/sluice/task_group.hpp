@@ -364,6 +364,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   // stop_source::request: stop accepting, drop what waits, cancel the body,
   // give the running children `grace`.
   void on_stop_requested(clock::duration grace) override {
+    affinity_.check("sluice::stop_source (stopping a task_group)");
     if (stopping_) return;  // already cancelling everything
     if (!draining_) {
       draining_ = true;
