@@ -202,8 +202,10 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   /// before the call starts nothing and throws `operation_aborted`.
   ///
   /// @code
-  /// while (std::optional<job> j = co_await jobs.get())      // a sluice::queue
-  ///   if (!co_await g.spawn_when_ready(run_job(*j))) break;  // at most `limit` jobs taken
+  /// for (;;) {
+  ///   job j = co_await jobs.get();                               // a sluice::queue<job>
+  ///   if (!co_await g.spawn_when_ready(run_job(j))) co_return;  // at most `limit` jobs taken
+  /// }
   /// @endcode
   [[nodiscard]] asio::awaitable<bool> spawn_when_ready(asio::awaitable<void> child) {
     affinity_.check("sluice::task_group");
