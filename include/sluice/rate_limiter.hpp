@@ -21,24 +21,30 @@ namespace sluice {
 ///
 /// It keeps the grant times of the last `calls` acquisitions; when the window
 /// is full, the next acquisition is granted exactly when the oldest start in
-/// the window expires (`start + per`), so it is never slower than the quota
-/// allows. A burst of `calls` at once is allowed; to spread calls evenly use
+/// the window expires (`start + per`; in real time see below), so it is never
+/// slower than the quota allows. A burst of `calls` at once is allowed; to spread calls evenly use
 /// `sluice::token_bucket` instead.
 ///
 /// - Real time: a provider counts a request when it *arrives*, some travel
 ///   time after this limiter granted it, and that time varies from call to
 ///   call; when the call that opened a window travelled longer than the one
 ///   that reuses its place, the provider still has it in its window and
-///   answers 429 (over loopback TCP, an exact limiter at a 500-per-second
-///   quota saw about 5% of 2,000 calls throttled). So on the steady clock a
-///   start counts in the window for `per + margin()`: a travel-time margin,
-///   `per / 100` by default (`set_margin(d)`), which must exceed the
-///   variation of the travel time (not the travel time itself). The rule,
-///   tested over real TCP against `examples/slow_server` with a
-///   sliding-window quota: 2,000 calls at the quota, zero throttled. It costs
-///   at most `margin / per` of the throughput (1%). In virtual time
-///   (`sluice::testing::virtual_loop`) the margin is zero and every timing is
-///   exact. `keyed_rate_limiter` applies the same default.
+///   answers 429 (over loopback TCP, counting from the grant, 2,000 calls at
+///   a 500-per-second quota saw about 105 throttled). So on the steady clock:
+///   1. a start taken through `sluice::acquire_all` counts in the window from
+///      its call's completion (when the `all_held` is destroyed or released):
+///      the provider counted the request before it answered, so the start
+///      that reuses its place arrives at least `per` after it, whatever the
+///      travel time. It costs one call's duration per window cycle;
+///   2. every start counts for `per + margin()`: a travel-time margin,
+///      `per / 100` by default (`set_margin(d)`), which must exceed the
+///      variation of the travel time; for `acquire()`, whose call's end the
+///      limiter does not see, it is the only guard.
+///   Tested over real TCP against `examples/slow_server` with a
+///   sliding-window quota: 2,000 calls at the quota through `acquire_all`,
+///   zero throttled. In virtual time (`sluice::testing::virtual_loop`) starts
+///   count from the grant for exactly `per`: every timing stays exact.
+///   `keyed_rate_limiter` applies the same default margin.
 /// - FIFO: waiters are served in arrival order. A large `acquire(n)` at the
 ///   head is granted as soon as n starts fit, and nothing behind it is granted
 ///   before it (no barging, no starvation); `try_acquire()` fails while anyone
