@@ -24,6 +24,18 @@
 #include <utility>
 #include <vector>
 
+namespace sluice::detail {
+// What semaphore::run(body) returns: body(fencing token) or body().
+template <class F, bool = std::is_invocable_v<F&, std::int64_t>>
+struct redis_run_result {
+  using type = std::invoke_result_t<F&, std::int64_t>;
+};
+template <class F>
+struct redis_run_result<F, false> {
+  using type = std::invoke_result_t<F&>;
+};
+}  // namespace sluice::detail
+
 namespace sluice::redis {
 
 /// Thrown by `semaphore::run()` when the permit's lease stopped being certain
@@ -254,16 +266,15 @@ class semaphore {
     co_return permit(st, std::move(h));
   }
 
-  /// Runs `body()` (returning `asio::awaitable<T>`) under a permit and returns
-  /// its result. When the permit's lease stops being certain (see the class
-  /// comment), `body` is cancelled (terminal), awaited, and `run` throws
-  /// `lease_lost`, before the server can grant the permit elsewhere. Runs the
-  /// body on the caller's executor. Cancellation: while waiting for the
-  /// permit, as `acquire()`; while the body runs, the cancellation is passed
-  /// on to it (terminal), it is awaited, and its outcome returned or thrown.
+  /// Runs `body()` or `body(fencing_token)` (returning `asio::awaitable<T>`)
+  /// under a permit and returns its result. When the permit's lease stops being certain (see the
+  /// class comment), `body` is cancelled (terminal), awaited, and `run` throws `lease_lost`, before
+  /// the server can grant the permit elsewhere. Runs the body on the caller's executor.
+  /// Cancellation: while waiting for the permit, as `acquire()`; while the body runs, the
+  /// cancellation is passed on to it (terminal), it is awaited, and its outcome returned or thrown.
   /// The permit is released when `run` returns.
   template <class F>
-  [[nodiscard]] auto run(F body) -> std::invoke_result_t<F&> {
+  [[nodiscard]] auto run(F body) -> typename detail::redis_run_result<F>::type {
     return detail::redis_without_throw_if_cancelled(run_impl(std::move(body)));
   }
 
@@ -423,8 +434,8 @@ class semaphore {
   }
 
   template <class F>
-  auto run_impl(F body) -> std::invoke_result_t<F&> {
-    using awaitable_t = std::invoke_result_t<F&>;
+  auto run_impl(F body) -> typename detail::redis_run_result<F>::type {
+    using awaitable_t = typename detail::redis_run_result<F>::type;
     using value_t = typename awaitable_t::value_type;
     auto st = st_;
     permit p = co_await scoped_acquire();
@@ -448,7 +459,14 @@ class semaphore {
       }
       wake.cancel();
     };
-    asio::co_spawn(ex, body(), asio::bind_cancellation_slot(stop_body.slot(), on_done));
+    auto start = [&] {
+      if constexpr (std::is_invocable_v<F&, std::int64_t>) {
+        return body(h->token);
+      } else {
+        return body();
+      }
+    };
+    asio::co_spawn(ex, start(), asio::bind_cancellation_slot(stop_body.slot(), on_done));
     while (!done) {
       if (!stopping && (h->lost || cs.cancelled() != asio::cancellation_type::none)) {
         stopping = true;

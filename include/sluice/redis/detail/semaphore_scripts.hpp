@@ -39,7 +39,9 @@ local function settle(grace)
   if rec == run then return tonumber(redis.call('HGET', KEYS[5], 'grace_until')) end
   local from = now
   if not rec then
-    from = now - tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) * 1000
+    -- whole seconds of two truncated clocks: the start may be up to 1 s later
+    local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+    from = now - math.max(up - 1, 0) * 1000
   end
   local gu = from + grace
   redis.call('HSET', KEYS[5], 'run_id', run, 'grace_until', string.format('%.0f', gu))
