@@ -21,6 +21,7 @@
 #include <vector>
 
 using namespace std::chrono_literals;
+using sluice::error_code;
 using sluice_test::connect_to;
 using sluice_test::run_for;
 using sluice_test::sleep_ms;
@@ -52,6 +53,80 @@ const sluice_test::register_child fenced_holder{
             co_await sleep_ms(60000);
           }(),
           70s);
+      return 0;
+    }};
+
+const char* enter_lua =
+    "local v = redis.call('INCR', KEYS[1]) "
+    "if v > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], v) end "
+    "return v";
+
+// A meter command that completes even when its caller is cancelled (the
+// count must not depend on the cancellation under test).
+asio::awaitable<void> record(sluice::redis::connection& c, std::vector<std::string> cmd) {
+  auto token = asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
+  auto op = c.async_execute(std::move(cmd), token);
+  sluice::redis::reply r = co_await std::move(op);
+  if (r.is_error()) throw sluice::redis::server_error(r.str);
+}
+
+// Child: 16 coroutines churning through cap.run() for ~3 s on the server under
+// test, each with random timeouts (cancelled while waiting or while holding);
+// every body records enter/leave on the meter server (never killed).
+const sluice_test::register_child churner{
+    "churner", [](const std::vector<std::string>& a) {
+      asio::io_context ctx;
+      run_for(
+          ctx,
+          [&]() -> asio::awaitable<void> {
+            auto conn = co_await connect_to(std::stoi(a.at(0)));
+            auto meter = co_await connect_to(std::stoi(a.at(1)));
+            // A waiter whose leave was lost with a killed connection keeps its
+            // place until waiter_ttl: short here, so that ghosts clear quickly.
+            sluice::redis::semaphore cap{conn, "churn", 3, 1000ms, {20ms, 300ms}};
+            unsigned seed = static_cast<unsigned>(std::stoul(a.at(2)));
+            auto rnd = [&](unsigned n) {
+              seed = seed * 1103515245u + 12345u;
+              return (seed >> 16) % n;
+            };
+            const auto until = steady::now() + 3s;
+            int running = 16;
+            int lost = 0;  // bodies cancelled because a lease stopped being certain
+            auto one = [&]() -> asio::awaitable<void> {
+              while (steady::now() < until) {
+                const auto limit = std::chrono::milliseconds(10 + rnd(150));
+                const long work = 1 + static_cast<long>(rnd(15));
+                try {
+                  co_await sluice::with_timeout(limit, cap.run([&]() -> asio::awaitable<void> {
+                    co_await asio::this_coro::throw_if_cancelled(false);
+                    std::vector<std::string> in{"EVAL", enter_lua, "2", "inflight", "peak"};
+                    std::vector<std::string> out{"DECR", "inflight"};
+                    co_await record(*meter, std::move(in));
+                    error_code ec;
+                    asio::steady_timer t(co_await asio::this_coro::executor,
+                                         std::chrono::milliseconds(work));
+                    co_await t.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+                    co_await record(*meter, std::move(out));
+                    if (ec) throw sluice::system_error(ec);
+                  }));
+                  co_await meter->execute("INCR", "completed");
+                } catch (const sluice::timeout_error&) {
+                } catch (const sluice::system_error&) {  // killed connection
+                } catch (const sluice::redis::lease_lost&) {
+                  ++lost;
+                }
+              }
+              --running;
+            };
+            auto ex = co_await asio::this_coro::executor;
+            for (int i = 0; i < 16; ++i) asio::co_spawn(ex, one(), asio::detached);
+            while (running > 0) co_await sleep_ms(20);
+            co_await meter->execute("INCRBY", "lost", std::to_string(lost));
+            co_await cap.close();
+            co_await conn->close();
+            co_await meter->close();
+          }(),
+          40s);
       return 0;
     }};
 
@@ -287,4 +362,66 @@ TEST_CASE("caps above 2^53 and names that break the hash tag are rejected", "[re
   CHECK_THROWS_AS(sem(conn, "}{x", 1, 1000ms), std::invalid_argument);
   CHECK_THROWS_AS(sem(conn, "a{b", 1, 1000ms), std::invalid_argument);
   run_for(ctx, conn->close());
+}
+
+TEST_CASE("4 processes x 16 coroutines, random cancellation, CLIENT KILL every 150 ms: peak <= cap",
+          "[redis_semaphore]") {
+  auto server = sluice_test::server_or_skip();  // under test
+  auto meter = sluice_test::server_or_skip();   // counts, never killed
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 4; ++p) {
+    pids.push_back(sluice_test::spawn_child(
+        "churner",
+        {std::to_string(server.port()), std::to_string(meter.port()), std::to_string(17 + p)}));
+  }
+  asio::io_context ctx;
+  run_for(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        auto admin = co_await connect_to(server.port());
+        auto m = co_await connect_to(meter.port());
+        int kills = 0;
+        for (;;) {
+          co_await sleep_ms(150);
+          co_await admin->execute("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes");
+          co_await admin->execute("CLIENT", "KILL", "TYPE", "pubsub");
+          ++kills;
+          int status = 0;
+          bool all_done = true;
+          for (pid_t& pid : pids) {
+            if (pid > 0 && ::waitpid(pid, &status, WNOHANG) == pid) {
+              CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+              pid = -1;
+            }
+            all_done = all_done && pid < 0;
+          }
+          if (all_done) break;
+        }
+        const auto completed = (co_await m->execute("GET", "completed")).str;
+        const auto peak_reply = co_await m->execute("GET", "peak");
+        const int peak = peak_reply.is_nil() ? 0 : std::stoi(peak_reply.str);
+        const auto lost = (co_await m->execute("GET", "lost")).str;
+        CHECK_FALSE(completed.empty());
+        std::printf("churn: %d CLIENT KILLs, %s bodies completed, %s lost leases, peak %d of 3\n",
+                    kills, completed.c_str(), lost.c_str(), peak);
+        CHECK(peak <= 3);
+        CHECK(peak >= 1);
+        CHECK((co_await m->execute("GET", "inflight")).str == "0");
+        // Nothing left: releases lost with a killed connection expire with
+        // their lease (1 s), queue entries with the waiter ttl.
+        sluice::redis::semaphore cap{admin, "churn", 3, 1000ms, {20ms, 300ms}};
+        co_await sleep_ms(1200);
+        {
+          const std::size_t free = co_await cap.value();  // runs the expiry
+          CHECK(free == 3);
+        }
+        for (const char* k : {"holders", "queue", "alive"}) {
+          const auto n = (co_await admin->execute("ZCARD", cap.key_prefix() + k)).integer;
+          CHECK(n == 0);
+        }
+        co_await cap.close();
+        co_await admin->close();
+        co_await m->close();
+      }(),
+      40s);
 }

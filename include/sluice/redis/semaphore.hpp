@@ -262,7 +262,7 @@ class semaphore {
   /// carries the grant's fencing token.
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
     auto st = st_;
-    held_ptr h = co_await detail::redis_without_throw_if_cancelled(acquire_impl(st));
+    held_ptr h = co_await detail::redis_without_throw_if_cancelled(detail::redis_sem_acquire(st));
     co_return permit(st, std::move(h));
   }
 
@@ -304,9 +304,9 @@ class semaphore {
     auto st = st_;
     std::string id = detail::redis_unique_id();
     const auto sent = detail::redis_clock::now();
-    reply r = co_await eval_or_drop(st, id, st->acquire_args(id, "try"));
+    reply r = co_await detail::redis_sem_eval_or_drop(st, id, st->acquire_args(id, "try"));
     if (r.elements.at(0).integer != 1) co_return false;
-    add_held(st, id, r.elements.at(2).integer, sent);
+    detail::redis_sem_add_held(st, id, r.elements.at(2).integer, sent);
     co_return true;
   }
 
@@ -332,13 +332,15 @@ class semaphore {
   /// Free permits across the fleet now (one round trip).
   [[nodiscard]] asio::awaitable<std::size_t> value() {
     auto st = st_;
-    co_return static_cast<std::size_t>((co_await status(st)).elements.at(0).integer);
+    co_return static_cast<std::size_t>(
+        (co_await detail::redis_sem_status(st)).elements.at(0).integer);
   }
 
   /// Waiters across the fleet now (one round trip).
   [[nodiscard]] asio::awaitable<std::size_t> waiters() {
     auto st = st_;
-    co_return static_cast<std::size_t>((co_await status(st)).elements.at(1).integer);
+    co_return static_cast<std::size_t>(
+        (co_await detail::redis_sem_status(st)).elements.at(1).integer);
   }
 
   /// Permits this process holds now (a lost permit no longer counts).
@@ -374,36 +376,6 @@ class semaphore {
   }
 
  private:
-  static asio::awaitable<reply> status(std::shared_ptr<state> st) {
-    std::vector<std::string> a{std::to_string(st->permits)};
-    co_return co_await detail::redis_eval(*st->conn, st->status, st->keys, std::move(a),
-                                          detail::redis_cancel::follow);
-  }
-
-  // The acquire script for `id`, following the caller's cancellation; a
-  // cancelled call drops `id` behind it (whatever the script did).
-  static asio::awaitable<reply> eval_or_drop(std::shared_ptr<state> st, std::string id,
-                                             std::vector<std::string> a) {
-    try {
-      co_return co_await detail::redis_eval(*st->conn, st->acquire, st->keys, std::move(a),
-                                            detail::redis_cancel::follow);
-    } catch (const system_error& e) {
-      if (e.code() == asio::error::operation_aborted) st->send_drop(id, st);
-      throw;
-    }
-  }
-
-  static held_ptr add_held(const std::shared_ptr<state>& st, std::string id, std::int64_t token,
-                           detail::redis_clock::time_point sent) {
-    auto h = std::make_shared<detail::redis_sem_held>(
-        std::move(id), token, detail::redis_add_sat(sent, st->lease - st->margin),
-        st->conn->get_executor());
-    st->held.push_back(h);
-    detail::redis_sem_start_renewal(st);
-    st->arm_watchdog(st);
-    return h;
-  }
-
   void stop() noexcept {
     auto& st = *st_;
     if (st.stopped) return;
@@ -419,12 +391,12 @@ class semaphore {
   }
 
   static asio::awaitable<void> acquire_void(std::shared_ptr<state> st) {
-    co_await acquire_impl(st);
+    co_await detail::redis_sem_acquire(st);
   }
 
   static asio::awaitable<error_code> acquire_ec(std::shared_ptr<state> st) {
     try {
-      co_await detail::redis_without_throw_if_cancelled(acquire_impl(st));
+      co_await detail::redis_without_throw_if_cancelled(detail::redis_sem_acquire(st));
     } catch (const system_error& e) {
       co_return e.code();
     } catch (const server_error&) {
@@ -485,49 +457,6 @@ class semaphore {
     if (h->lost && stopping) throw lease_lost();
     if (error) std::rethrow_exception(error);
     if constexpr (!std::is_void_v<value_t>) co_return std::move(*value);
-  }
-
-  static asio::awaitable<held_ptr> acquire_impl(std::shared_ptr<state> st) {
-    auto cs = co_await asio::this_coro::cancellation_state;
-    auto cancelled = [&] {
-      return cs.cancelled() != asio::cancellation_type::none;
-    };
-    if (cancelled() || st->stopped) throw system_error(asio::error::operation_aborted);
-    state::waiter w{detail::redis_unique_id(), asio::steady_timer(st->conn->get_executor())};
-    st->waiters.push_back(&w);
-    auto it = std::prev(st->waiters.end());
-    struct unlink {
-      state& s;
-      std::list<state::waiter*>::iterator it;
-      ~unlink() { s.waiters.erase(it); }
-    } guard{*st, it};
-    for (;;) {
-      w.kick = false;
-      const auto sent = detail::redis_clock::now();
-      reply r = co_await eval_or_drop(st, w.id, st->acquire_args(w.id, "wait"));
-      if (r.elements.at(0).integer == 1) {
-        if (cancelled() || st->stopped) {  // granted, but the caller is gone: pass it on
-          st->send_drop(w.id, st);
-          throw system_error(asio::error::operation_aborted);
-        }
-        co_return add_held(st, w.id, r.elements.at(2).integer, sent);
-      }
-      if (!cancelled() && !st->stopped) {
-        if (!st->subscribed && !st->subscribing) co_await detail::redis_sem_subscribe(st);
-        if (!w.kick && !cancelled() && !st->stopped) {
-          w.timer.expires_after(st->poll);
-          error_code ec;
-          auto token = asio::redirect_error(asio::use_awaitable, ec);
-          co_await w.timer.async_wait(token);
-        }
-      }
-      if (cancelled() || st->stopped) {
-        std::vector<std::string> k{st->keys[0], st->keys[1], st->keys[2]};
-        std::vector<std::string> a{w.id, st->channel};
-        co_await detail::redis_eval(*st->conn, st->drop, std::move(k), std::move(a));
-        throw system_error(asio::error::operation_aborted);
-      }
-    }
   }
 
   std::shared_ptr<state> st_;

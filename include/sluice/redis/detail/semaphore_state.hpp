@@ -271,6 +271,85 @@ inline asio::awaitable<void> redis_sem_subscribe(std::shared_ptr<redis_sem_state
   st->subscribing = false;
 }
 
+// The status script: {free permits, waiters} across the fleet.
+inline asio::awaitable<redis::reply> redis_sem_status(std::shared_ptr<redis_sem_state> st) {
+  std::vector<std::string> a{std::to_string(st->permits)};
+  co_return co_await redis_eval(*st->conn, st->status, st->keys, std::move(a),
+                                redis_cancel::follow);
+}
+
+// The acquire script for `id`, following the caller's cancellation; a
+// cancelled call drops `id` behind it (whatever the script did).
+inline asio::awaitable<redis::reply> redis_sem_eval_or_drop(std::shared_ptr<redis_sem_state> st,
+                                                            std::string id,
+                                                            std::vector<std::string> a) {
+  try {
+    co_return co_await redis_eval(*st->conn, st->acquire, st->keys, std::move(a),
+                                  redis_cancel::follow);
+  } catch (const system_error& e) {
+    if (e.code() == asio::error::operation_aborted) st->send_drop(id, st);
+    throw;
+  }
+}
+
+// Records a grant sent at `sent`; starts the renewal loop and the watchdog.
+inline redis_sem_state::held_ptr redis_sem_add_held(const std::shared_ptr<redis_sem_state>& st,
+                                                    std::string id, std::int64_t token,
+                                                    redis_clock::time_point sent) {
+  auto h = std::make_shared<redis_sem_held>(
+      std::move(id), token, redis_add_sat(sent, st->lease - st->margin), st->conn->get_executor());
+  st->held.push_back(h);
+  redis_sem_start_renewal(st);
+  st->arm_watchdog(st);
+  return h;
+}
+
+// One acquire(): queue, poll or wait for a release, until granted; see the
+// semaphore's class comment for cancellation.
+inline asio::awaitable<redis_sem_state::held_ptr> redis_sem_acquire(
+    std::shared_ptr<redis_sem_state> st) {
+  auto cs = co_await asio::this_coro::cancellation_state;
+  auto cancelled = [&] {
+    return cs.cancelled() != asio::cancellation_type::none;
+  };
+  if (cancelled() || st->stopped) throw system_error(asio::error::operation_aborted);
+  redis_sem_state::waiter w{redis_unique_id(), asio::steady_timer(st->conn->get_executor())};
+  st->waiters.push_back(&w);
+  auto it = std::prev(st->waiters.end());
+  struct unlink {
+    redis_sem_state& s;
+    std::list<redis_sem_state::waiter*>::iterator it;
+    ~unlink() { s.waiters.erase(it); }
+  } guard{*st, it};
+  for (;;) {
+    w.kick = false;
+    const auto sent = redis_clock::now();
+    redis::reply r = co_await redis_sem_eval_or_drop(st, w.id, st->acquire_args(w.id, "wait"));
+    if (r.elements.at(0).integer == 1) {
+      if (cancelled() || st->stopped) {  // granted, but the caller is gone: pass it on
+        st->send_drop(w.id, st);
+        throw system_error(asio::error::operation_aborted);
+      }
+      co_return redis_sem_add_held(st, w.id, r.elements.at(2).integer, sent);
+    }
+    if (!cancelled() && !st->stopped) {
+      if (!st->subscribed && !st->subscribing) co_await redis_sem_subscribe(st);
+      if (!w.kick && !cancelled() && !st->stopped) {
+        w.timer.expires_after(st->poll);
+        error_code ec;
+        auto token = asio::redirect_error(asio::use_awaitable, ec);
+        co_await w.timer.async_wait(token);
+      }
+    }
+    if (cancelled() || st->stopped) {
+      std::vector<std::string> k{st->keys[0], st->keys[1], st->keys[2]};
+      std::vector<std::string> a{w.id, st->channel};
+      co_await redis_eval(*st->conn, st->drop, std::move(k), std::move(a));
+      throw system_error(asio::error::operation_aborted);
+    }
+  }
+}
+
 }  // namespace sluice::detail
 
 #endif  // SLUICE_REDIS_DETAIL_SEMAPHORE_STATE_HPP
