@@ -278,8 +278,8 @@ inline asio::awaitable<redis::reply> redis_sem_status(std::shared_ptr<redis_sem_
                                 redis_cancel::follow);
 }
 
-// The acquire script for `id`, following the caller's cancellation; a
-// cancelled call drops `id` behind it (whatever the script did).
+// The acquire script for `id`, following the caller's cancellation; a call
+// that got no reply drops `id` behind it (whatever the script did).
 inline asio::awaitable<redis::reply> redis_sem_eval_or_drop(std::shared_ptr<redis_sem_state> st,
                                                             std::string id,
                                                             std::vector<std::string> a) {
@@ -287,7 +287,10 @@ inline asio::awaitable<redis::reply> redis_sem_eval_or_drop(std::shared_ptr<redi
     co_return co_await redis_eval(*st->conn, st->acquire, st->keys, std::move(a),
                                   redis_cancel::follow);
   } catch (const system_error& e) {
-    if (e.code() == asio::error::operation_aborted) st->send_drop(id, st);
+    // Cancelled, timed out or connection lost: the script may have queued
+    // or granted `id`; drop it (on the next socket), so that no ghost entry
+    // holds the line until waiter_ttl or a permit until its lease.
+    st->send_drop(id, st);
     throw;
   }
 }
