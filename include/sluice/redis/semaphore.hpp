@@ -106,9 +106,11 @@ struct semaphore_options {
 /// Failure semantics (each has a test):
 /// - Connection lost while waiting: the wait fails with the connection's
 ///   error (`errc::connection_lost`, or the reconnect error such as
-///   `connection_refused` while the server is down); the waiter's queue entry
-///   expires after `waiter_ttl`. Nothing hangs: the subscriber's loss wakes
-///   every waiter at once.
+///   `connection_refused` while the server is down, `errc::timed_out` for a
+///   silent one); the waiter's id is dropped from the queue by a script sent
+///   on the next socket (if that fails too, its entry expires after
+///   `waiter_ttl`). Nothing hangs: the subscriber's loss wakes every waiter
+///   at once.
 /// - Connection lost or server silent while holding: renewals reconnect at
 ///   their next tick (each bounded by the connection's `command_timeout`);
 ///   when the lease is no longer certain the permit is lost locally (above).
