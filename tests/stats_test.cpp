@@ -246,3 +246,136 @@ TEST_CASE("a shared_semaphore counts permits released on other threads", "[stats
   CHECK(s.in_use == 0);
   CHECK(s.waiting == 0);
 }
+
+TEST_CASE("a keyed_semaphore counts every key together, and one key on request", "[stats]") {
+  virtual_loop loop;
+  sluice::keyed_semaphore<std::string> per_account{1};
+  auto hold_key = [](sluice::keyed_semaphore<std::string>& sem, std::string key,
+                     nanoseconds hold) -> asio::awaitable<void> {
+    auto permit = co_await sem.scoped_acquire(key);
+    co_await sluice::sleep(hold);
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<void>> tasks;
+    tasks.push_back(hold_key(per_account, "a", 1s));
+    tasks.push_back(hold_key(per_account, "a", 2s));  // waits 1 s for the first "a"
+    tasks.push_back(hold_key(per_account, "b", 1s));
+    tasks.push_back([](sluice::keyed_semaphore<std::string>& sem) -> asio::awaitable<void> {
+      co_await sluice::sleep(500ms);
+      const auto all = sem.stats();
+      CHECK(all.acquired == 2);
+      CHECK(all.waiting == 1);
+      CHECK(all.in_use == 2);
+      CHECK(all.limit == 1);
+      const auto a = sem.stats("a");
+      CHECK(a.waiting == 1);
+      CHECK(a.in_use == 1);
+      CHECK(a.limit == 1);
+      CHECK(sem.stats("c").in_use == 0);
+      CHECK_FALSE(sem.try_acquire("b").has_value());
+    }(per_account));
+    co_await sluice::gather(std::move(tasks));
+  }());
+  CHECK(loop.now() == 3s);
+  const auto s = per_account.stats();
+  CHECK(s.acquired == 3);
+  CHECK(s.waiting == 0);
+  CHECK(s.in_use == 0);
+  CHECK(s.wait.count == 3);
+  CHECK(s.wait.total == 1s);
+  CHECK(s.hold.count == 3);
+  CHECK(s.hold.total == 4s);
+  CHECK(s.hold.max == 2s);
+  CHECK(per_account.keys() == 0);
+}
+
+TEST_CASE("a rate_limiter counts the requests it delayed and their waits", "[stats]") {
+  virtual_loop loop;
+  sluice::rate_limiter rl{loop.get_executor(), 3, 1s};
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<void>> tasks;
+    for (int i = 0; i < 5; ++i) tasks.push_back(rl.acquire());
+    tasks.push_back([](sluice::rate_limiter& rl) -> asio::awaitable<void> {
+      co_await sluice::sleep(500ms);
+      const auto mid = rl.stats();
+      CHECK(mid.acquired == 3);
+      CHECK(mid.throttled == 2);
+      CHECK(mid.waiting == 2);
+      CHECK(mid.in_use == 3);
+      CHECK(mid.limit == 3);
+    }(rl));
+    co_await sluice::gather(std::move(tasks));
+    CHECK_FALSE(rl.try_acquire(2));  // 2 of 3 in the window since 1 s
+  }());
+  CHECK(loop.now() == 1s);
+  const auto s = rl.stats();
+  CHECK(s.acquired == 5);
+  CHECK(s.throttled == 3);
+  CHECK(s.waiting == 0);
+  CHECK(s.in_use == 2);  // the starts at 0 s left the window (t - 1 s, t] at 1 s
+  CHECK(s.wait.count == 5);
+  CHECK(s.wait.total == 2s);
+  CHECK(s.wait.p50 == 0s);
+  CHECK(s.wait.p99 == 1s);
+  CHECK(s.hold.count == 0);
+}
+
+TEST_CASE("a rate_limiter counts a cancelled wait", "[stats]") {
+  virtual_loop loop;
+  sluice::rate_limiter rl{loop.get_executor(), 1, 10s};
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await rl.acquire();
+    CHECK_THROWS_AS(co_await sluice::with_timeout(1s, rl.acquire()), sluice::timeout_error);
+  }());
+  const auto s = rl.stats();
+  CHECK(s.acquired == 1);
+  CHECK(s.cancelled == 1);
+  CHECK(s.throttled == 1);
+  CHECK(s.waiting == 0);
+}
+
+TEST_CASE("a token_bucket reports the tokens taken and not refilled", "[stats]") {
+  virtual_loop loop;
+  sluice::token_bucket tb{loop.get_executor(), 1.0, 2};
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<void>> tasks;
+    for (int i = 0; i < 3; ++i) tasks.push_back(tb.acquire());
+    co_await sluice::gather(std::move(tasks));
+  }());
+  CHECK(loop.now() == 1s);
+  const auto s = tb.stats();
+  CHECK(s.acquired == 3);
+  CHECK(s.throttled == 1);
+  CHECK(s.wait.total == 1s);
+  CHECK(s.in_use == 2);  // the bucket refills at 1/s: empty until 2 s
+  CHECK(s.limit == 2);
+}
+
+TEST_CASE("a keyed_rate_limiter counts every key together, and one key on request", "[stats]") {
+  virtual_loop loop;
+  sluice::keyed_rate_limiter<std::string> per_customer{loop.get_executor(), 1, 1s};
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<void>> tasks;
+    tasks.push_back(per_customer.acquire("a"));
+    tasks.push_back(per_customer.acquire("a"));  // waits 1 s
+    tasks.push_back(per_customer.acquire("b"));
+    tasks.push_back([](sluice::keyed_rate_limiter<std::string>& rl) -> asio::awaitable<void> {
+      co_await sluice::sleep(500ms);
+      const auto all = rl.stats();
+      CHECK(all.acquired == 2);
+      CHECK(all.waiting == 1);
+      CHECK(all.in_use == 2);
+      CHECK(all.limit == 1);
+      const auto a = rl.stats("a");
+      CHECK(a.waiting == 1);
+      CHECK(a.in_use == 1);
+      CHECK_FALSE(rl.try_acquire("b"));
+    }(per_customer));
+    co_await sluice::gather(std::move(tasks));
+  }());
+  const auto s = per_customer.stats();
+  CHECK(s.acquired == 3);
+  CHECK(s.throttled == 2);
+  CHECK(s.wait.total == 1s);
+  CHECK(s.wait.max == 1s);
+}

@@ -4,8 +4,10 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/stats_recorder.hpp>
 #include <sluice/detail/virtual_clock.hpp>
 #include <sluice/detail/waiter_list.hpp>
+#include <sluice/stats.hpp>
 #include <sluice/time.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -211,6 +213,17 @@ class sliding_window {
   [[nodiscard]] std::size_t calls() const noexcept { return calls_; }
   [[nodiscard]] clock::duration per() const noexcept { return per_; }
 
+  // For stats(): the starts still in the window at `now`, and the quota.
+  [[nodiscard]] std::size_t in_use(clock::time_point now) const noexcept {
+    std::size_t used = used_;
+    for (const auto& s : starts_) {
+      if (s.at + per_ > now) break;
+      used -= s.count;
+    }
+    return used;
+  }
+  [[nodiscard]] std::size_t limit() const noexcept { return calls_; }
+
  private:
   struct start {
     clock::time_point at;
@@ -272,6 +285,14 @@ class bucket {
   [[nodiscard]] std::size_t burst() const noexcept { return burst_; }
   [[nodiscard]] clock::duration interval() const noexcept { return interval_; }
 
+  // For stats(): the tokens taken and not refilled yet at `now` (a token
+  // partly refilled counts as taken), and the burst.
+  [[nodiscard]] std::size_t in_use(clock::time_point now) const noexcept {
+    const double taken = std::ceil(static_cast<double>(burst_) - tokens(now));
+    return taken <= 0 ? 0 : static_cast<std::size_t>(taken);
+  }
+  [[nodiscard]] std::size_t limit() const noexcept { return burst_; }
+
  private:
   clock::duration scaled(std::size_t n) const noexcept {
     return interval_ * static_cast<clock::duration::rep>(n);
@@ -281,7 +302,8 @@ class bucket {
   clock::time_point tat_{};  // the epoch: full from the start
 };
 
-// One wait for n units; granted_at is set when it is granted.
+// One wait for n units; granted_at holds the instant it began waiting until
+// it is granted, then the grant's.
 struct rate_wait : wait_op {
   rate_wait(std::size_t count, clock::time_point at) noexcept : n(count), granted_at(at) {}
   std::size_t n;
@@ -312,7 +334,7 @@ class rate_core {
       : name_(name), policy_(std::move(policy)), ex_(std::move(ex)), timer_(&on_event, this) {
     affinity_.bind(ex_);
     clock_.bind(ex_, name_);
-    waiters_.on_cancel(&on_event, this);
+    waiters_.on_cancel(&on_cancelled, this);
   }
   rate_core(const rate_core&) = delete;
   rate_core& operator=(const rate_core&) = delete;
@@ -328,7 +350,9 @@ class rate_core {
     check(n);
     const auto in = affinity_.enter(name_);
     clock_.bind_if_unbound();
-    return try_take(n, clock_.now());
+    if (try_take(n, clock_.now())) return true;
+    ++stats_->throttled;
+    return false;
   }
 
   template <class Deliver, class Handler>
@@ -345,8 +369,10 @@ class rate_core {
                                    true, n, now);
     if (ready) {
       policy_.take(n, now);
-    } else if (waiters_.size() == 1) {
-      service();  // the new head: arm the timer
+      ++stats_->acquired;
+    } else {
+      ++stats_->throttled;
+      if (waiters_.size() == 1) service();  // the new head: arm the timer
     }
   }
 
@@ -381,7 +407,10 @@ class rate_core {
                                       void(error_code, clock::time_point)>(
             std::move(initiation), asio::use_awaitable_t<>{}, n);
     if (state.cancelled() != asio::cancellation_type::none) {
-      if (*alive) give_back(n, granted);
+      if (*alive) {
+        ++stats_->cancelled;
+        give_back(n, granted);
+      }
       throw system_error(asio::error::operation_aborted, name_);
     }
   }
@@ -400,10 +429,19 @@ class rate_core {
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   [[nodiscard]] clock::time_point now() const { return clock_.now(); }
 
+  // Counts into `sink` instead of this core's own (keyed_rate_limiter: one
+  // sink for every key). Before any use.
+  void share_stats(stats_sink& sink) noexcept { stats_ = &sink; }
+  [[nodiscard]] std::size_t in_use() const { return policy_.in_use(clock_.now()); }
+  [[nodiscard]] sluice::stats stats() const {
+    return stats_->read(waiters_.size(), in_use(), policy_.limit());
+  }
+
  private:
   bool try_take(std::size_t n, clock::time_point now) {
     if (!waiters_.empty() || policy_.ready_at(n, now) > now) return false;
     policy_.take(n, now);
+    ++stats_->acquired;
     return true;
   }
 
@@ -420,6 +458,8 @@ class rate_core {
       }
       waiters_.pop_front();
       policy_.take(w->n, now);
+      ++stats_->acquired;
+      stats_->record_wait(now - w->granted_at);
       w->granted_at = now;
       w->complete(error_code{});
     }
@@ -427,12 +467,19 @@ class rate_core {
   }
 
   static void on_event(void* self) { static_cast<rate_core*>(self)->service(); }
+  static void on_cancelled(void* self) {
+    auto* core = static_cast<rate_core*>(self);
+    ++core->stats_->cancelled;
+    core->service();
+  }
 
   const char* name_;
   Policy policy_;
   asio::any_io_executor ex_;
   asio::any_io_executor timer_ex_;
   clock_source clock_;
+  stats_sink own_stats_;
+  stats_sink* stats_ = &own_stats_;
   waiter_list waiters_;
   rate_timer timer_;
   std::shared_ptr<bool> alive_;
@@ -472,6 +519,15 @@ class rate_limiter_api {
   [[nodiscard]] std::size_t waiters() const noexcept { return core_.waiters(); }
   /// The most operations that ever waited at once.
   [[nodiscard]] std::size_t max_waiters() const noexcept { return core_.max_waiters(); }
+
+  /// What the limiter has done and is doing (see `sluice::stats`): requests
+  /// granted (`acquire(n)` counts once), `throttled` (requests that had to
+  /// wait, and `try_acquire` refusals), cancelled waits, waiting now, the
+  /// wait of every grant (0 for those that did not wait); `in_use` is the
+  /// units the window (or the bucket) holds now, `limit` the quota (`calls`,
+  /// or `burst`); no hold time. On the limiter's clock; O(buckets) plus, for
+  /// a window, the starts that expired since the last call. Allocates nothing.
+  [[nodiscard]] sluice::stats stats() const { return core_.stats(); }
 
  protected:
   rate_limiter_api(const char* name, Policy policy, asio::any_io_executor ex)
