@@ -14,6 +14,8 @@
 #   make bench-docs  bench-boost, then copies the plots to docs/ and regenerates the
 #                tables of docs/performance.md (the block between <!-- bench:begin/end -->)
 #                and the README's headline (<!-- bench-headline:begin/end -->)
+#   make adaptive-docs  the adaptive_limit table and plot (examples/adaptive_limits, virtual
+#                time, exact): build/adaptive/table.md, docs/adaptive_limit.{png,svg}
 #   make docs    README.md, docs/*.md and the API reference (Doxygen) as one site under
 #                build/docs/html; fails on any warning or on a broken link (tests/docs/check_docs.py)
 #   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
@@ -30,7 +32,7 @@ CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
 TSAN_TESTS = to_thread shared_semaphore strand_bound task_group lock semaphore event condition queue gather map_unordered
 
-.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench bench-docs bench-boost docs fuzz fuzz-ci fuzz-build clean
+.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench bench-docs bench-boost adaptive-docs docs fuzz fuzz-ci fuzz-build clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -90,6 +92,12 @@ bench: deps
 
 bench-docs:
 	$(MAKE) bench-boost BENCH_ARGS="--docs docs --page docs/performance.md --readme README.md"
+
+adaptive-docs: deps
+	$(call configure,adaptive,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
+	cmake --build build/adaptive -j$(JOBS) --target adaptive_limits
+	build/adaptive/examples/adaptive_limits --csv build/adaptive/limits.csv | tee build/adaptive/table.md
+	$(PYTHON) examples/adaptive_limits_plot.py build/adaptive/limits.csv docs/adaptive_limit
 
 bench-boost: deps
 	$(call configure,bench-boost,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_USE_BOOST_ASIO=ON)

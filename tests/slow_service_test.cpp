@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -281,6 +282,61 @@ TEST_CASE("a latency model that throws fails the call and leaves nothing in flig
   CHECK(svc.collisions() == 0);
   CHECK(svc.calls() == 3);
   CHECK(svc.completed() == 2);
+}
+
+TEST_CASE("a capacity schedule throttles calls past the capacity in force at their start",
+          "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(10s), .capacity = {{0s, 2}, {5s, 1}, {20s, 3}}});
+  CHECK(svc.capacity_at(0s) == 2);
+  CHECK(svc.capacity_at(4999ms) == 2);
+  CHECK(svc.capacity_at(5s) == 1);
+  CHECK(svc.capacity_at(1h) == 3);
+  virtual_loop loop;
+  std::vector<std::string> outcome;
+  auto attempt = [&](std::chrono::nanoseconds at) -> asio::awaitable<void> {
+    co_await sluice::sleep(at);
+    try {
+      co_await svc.call();
+      outcome.push_back("ok");
+    } catch (const throttled_error& e) {
+      CHECK(std::string(e.what()).find("capacity") != std::string::npos);
+      outcome.push_back("429");
+    }
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    // 0 s: two run, a third is over 2. 6 s: two still in flight, over 1.
+    // 20 s: none in flight, capacity 3: three run, the fourth is refused.
+    co_await (attempt(0s) && attempt(0s) && attempt(0s) && attempt(6s) && attempt(20s) &&
+              attempt(20s) && attempt(20s) && attempt(20s));
+  });
+  CHECK(std::count(outcome.begin(), outcome.end(), "429") == 3);
+  CHECK(svc.throttles() == 3);
+  CHECK(svc.max_in_flight() == 3);
+  CHECK(loop.now() == 30s);
+}
+
+TEST_CASE("latency grows with the calls already in flight relative to the capacity",
+          "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(1s), .capacity = {{0s, 4}}, .load_latency = 2.0});
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    co_await (svc.call() && svc.call() && svc.call() && svc.call());
+  });
+  // Started in turn at 0 s with 0, 1, 2, 3 in flight: 1 s x (1 + 2 n / 4).
+  REQUIRE(svc.timeline().size() == 4);
+  CHECK(svc.timeline()[0].end == 1s);
+  CHECK(svc.timeline()[1].end == 1500ms);
+  CHECK(svc.timeline()[2].end == 2s);
+  CHECK(svc.timeline()[3].end == 2500ms);
+  CHECK(loop.now() == 2500ms);
+}
+
+TEST_CASE("a bad capacity schedule or load_latency is rejected", "[slow_service]") {
+  CHECK_THROWS_AS(slow_service({.capacity = {{0s, 0}}}), std::invalid_argument);
+  CHECK_THROWS_AS(slow_service({.capacity = {{5s, 2}, {5s, 3}}}), std::invalid_argument);
+  CHECK_THROWS_AS(slow_service({.load_latency = -1}), std::invalid_argument);
 }
 
 namespace {

@@ -31,7 +31,8 @@
 #include <sluice/task_group.hpp>
 #include <sluice/to_thread.hpp>
 
-// Limits that protect a provider: per key, per time window, deduplication, retries
+// Limits that protect a provider: per key, per time window, deduplication, retries, adaptive
+#include <sluice/adaptive_limit.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>

@@ -120,6 +120,14 @@ struct quota {
   std::size_t tokens_per_window = 0;
 };
 
+/// One step of the provider's capacity schedule: from `at` (since the
+/// service's origin) on, a call that would make more than `max_in_flight` calls
+/// in flight is throttled.
+struct capacity_step {
+  std::chrono::nanoseconds at;  ///< when this capacity starts (0 for the first step)
+  std::size_t max_in_flight;    ///< calls the provider serves at once from then on (>= 1)
+};
+
 /// An injected failure of a `slow_service` call.
 class service_error : public std::runtime_error {
  public:
@@ -173,9 +181,11 @@ struct call_record {
 /// clock of the awaiting coroutine's executor: virtual under
 /// `virtual_loop` (exact, instant), real otherwise (`time_scale` shrinks it for
 /// demos). It may then fail (`service_error`), or be refused at once by the
-/// global `quota` or the per-key `key_quota` (`throttled_error`; a refused
-/// call is not in flight and takes no place in a window; the error carries a
-/// `sluice::retry_after` hint). Cancellation ends
+/// global `quota`, the `capacity` schedule or the per-key `key_quota`
+/// (`throttled_error`; a refused call is not in flight and takes no place in
+/// a window; the error carries a `sluice::retry_after` hint). With
+/// `load_latency`, latency grows with the calls already in flight, as a loaded
+/// provider slows down. Cancellation ends
 /// the wait with `operation_aborted` and is recorded. Statistics: calls, in
 /// flight (now and maximum, overall and per key), collisions per key (a call
 /// for a key while another for it is in flight), failures, throttles (overall
@@ -199,6 +209,15 @@ class slow_service {
     /// per window per key), beside the global `quota`; calls without a key are
     /// not subject to it. A call over either is throttled.
     struct quota key_quota = {};
+    /// A capacity that changes over time (steps in increasing `at`; before the
+    /// first step, and when empty, no such limit), beside `quota`: a call over
+    /// the capacity now is throttled.
+    std::vector<capacity_step> capacity = {};
+    /// Latency that grows with load: a call's latency is multiplied by
+    /// `1 + load_latency × (calls already in flight) / capacity`, where the
+    /// capacity is the scheduled one now, else `quota.max_in_flight`, else 1.
+    /// At capacity a call takes about `1 + load_latency` times its idle latency.
+    double load_latency = 0.0;
     double time_scale = 1.0;      ///< multiplies every latency (real-time demos)
     bool record_timeline = true;  ///< off for million-call benchmarks
   };
@@ -211,6 +230,15 @@ class slow_service {
       throw std::invalid_argument("sluice::testing::slow_service: no latency model");
     if (!(opt_.time_scale > 0.0))
       throw std::invalid_argument("sluice::testing::slow_service: time_scale must be > 0");
+    if (!(opt_.load_latency >= 0.0))
+      throw std::invalid_argument("sluice::testing::slow_service: load_latency must be >= 0");
+    for (std::size_t i = 0; i < opt_.capacity.size(); ++i) {
+      if (opt_.capacity[i].max_in_flight == 0 ||
+          (i > 0 && opt_.capacity[i].at <= opt_.capacity[i - 1].at))
+        throw std::invalid_argument(
+            "sluice::testing::slow_service: capacity steps need max_in_flight >= 1 and "
+            "increasing times");
+    }
   }
   slow_service(const slow_service&) = delete;
   slow_service& operator=(const slow_service&) = delete;
@@ -241,7 +269,12 @@ class slow_service {
                               " weighs more tokens than the quota's whole window",
                           index, key);
     }
-    const auto over_global = throttled(opt_.quota, global_, t0, tokens);
+    const std::size_t capacity = capacity_at(t0 - origin_);
+    const bool over_capacity = capacity != 0 && global_.in_flight >= capacity;
+    auto over_global = throttled(opt_.quota, global_, t0, tokens);
+    if (over_capacity)  // hint: when the first call in flight ends
+      over_global =
+          std::max(over_global.value_or(clock::duration::zero()), *global_.ends.begin() - t0);
     const auto over_key = ks ? throttled(opt_.key_quota, *ks, t0, tokens) : std::nullopt;
     if (over_global || over_key) {
       ++throttles_;
@@ -249,14 +282,23 @@ class slow_service {
       finish(index, t0, call_result::throttled);
       throw throttled_error("slow_service: call #" + std::to_string(index) + describe(key) +
                                 " throttled by the provider's " +
-                                (over_global ? "quota" : "per-key quota"),
+                                (over_capacity ? "capacity"
+                                 : over_global ? "quota"
+                                               : "per-key quota"),
                             index, key,
                             std::max(over_global.value_or(clock::duration::zero()),
                                      over_key.value_or(clock::duration::zero())));
     }
     clock::duration scaled{};
     try {  // a latency model that throws leaves no call in flight
-      scaled = std::chrono::duration_cast<clock::duration>(opt_.latency(info) * opt_.time_scale);
+      double factor = opt_.time_scale;
+      if (opt_.load_latency > 0.0) {
+        const std::size_t c =
+            capacity ? capacity : std::max<std::size_t>(opt_.quota.max_in_flight, 1);
+        factor *= 1.0 + opt_.load_latency * static_cast<double>(global_.in_flight) /
+                            static_cast<double>(c);
+      }
+      scaled = std::chrono::duration_cast<clock::duration>(opt_.latency(info) * factor);
     } catch (...) {
       finish(index, t0, call_result::failed);
       throw;
@@ -329,6 +371,17 @@ class slow_service {
   [[nodiscard]] std::size_t collisions() const noexcept { return collisions_; }
   /// One record per call, in order of arrival (empty if record_timeline is off).
   [[nodiscard]] const std::vector<call_record>& timeline() const noexcept { return timeline_; }
+  /// The scheduled capacity at `t` since the origin (0: no schedule there);
+  /// the steps' times are scaled by `time_scale` as latencies are.
+  [[nodiscard]] std::size_t capacity_at(std::chrono::nanoseconds t) const noexcept {
+    std::size_t c = 0;
+    for (const auto& step : opt_.capacity) {
+      if (std::chrono::duration_cast<std::chrono::nanoseconds>(step.at * opt_.time_scale) > t)
+        break;
+      c = step.max_in_flight;
+    }
+    return c;
+  }
   /// The options' time_scale.
   [[nodiscard]] double time_scale() const noexcept { return opt_.time_scale; }
 
