@@ -379,3 +379,42 @@ TEST_CASE("a keyed_rate_limiter counts every key together, and one key on reques
   CHECK(s.wait.total == 1s);
   CHECK(s.wait.max == 1s);
 }
+
+TEST_CASE("an adaptive_limit reports its current limit, its throttles and each permit's hold",
+          "[stats]") {
+  virtual_loop loop;
+  sluice::adaptive_limit cap{{.initial = 2, .min = 1, .max = 8, .algorithm = sluice::aimd{}}};
+  auto one = [](sluice::adaptive_limit& cap, nanoseconds d,
+                bool throttled) -> asio::awaitable<void> {
+    auto p = co_await cap.scoped_acquire();
+    co_await sluice::sleep(d);
+    if (throttled) {
+      p.throttled();
+    } else {
+      p.succeeded();
+    }
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<void>> calls;
+    calls.push_back(one(cap, 1s, false));
+    calls.push_back(one(cap, 2s, true));
+    calls.push_back(one(cap, 1s, false));  // waits 1 s for the first
+    co_await sluice::gather(std::move(calls));
+    {
+      auto dropped_unreported = co_await cap.scoped_acquire();
+      co_await sluice::sleep(3s);
+    }
+  }());
+  const auto s = cap.stats();
+  CHECK(s.acquired == 4);
+  CHECK(s.throttled == 1);
+  CHECK(s.throttled == cap.throttles());
+  CHECK(s.limit == cap.limit());
+  CHECK(s.in_use == 0);
+  CHECK(s.waiting == 0);
+  CHECK(s.wait.count == 4);
+  CHECK(s.wait.total == 1s);
+  CHECK(s.hold.count == 4);
+  CHECK(s.hold.total == 1s + 2s + 1s + 3s);
+  CHECK(s.hold.max == 3s);
+}

@@ -142,6 +142,8 @@ class permit_core {
   void record_hold(clock::time_point since) noexcept {
     stats_->record_hold(stats_->clock.now() - since);
   }
+  // A permit measured on its own clock (adaptive_limit's) held for `d`.
+  void record_hold_duration(clock::duration d) noexcept { stats_->record_hold(d); }
   // Counts into `sink` instead of this core's own (keyed_semaphore: one sink
   // for every key). Before any use.
   void share_stats(stats_sink& sink) noexcept { stats_ = &sink; }
