@@ -71,31 +71,16 @@ struct exported {
   std::function<sluice::stats()> read;
 };
 
+// clang-format off
 std::vector<exported> registry(limits& l) {
-  return {{"backend",
-           [&l] {
-             return l.backend.stats();
-           }},
-          {"config",
-           [&l] {
-             return l.config.stats();
-           }},
-          {"rpm",
-           [&l] {
-             return l.rpm.stats();
-           }},
-          {"burst",
-           [&l] {
-             return l.burst.stats();
-           }},
-          {"process_cap",
-           [&l] {
-             return l.process_cap.stats();
-           }},
-          {"per_account", [&l] {
-             return l.per_account.stats();
-           }}};
+  return {{"backend", [&l] { return l.backend.stats(); }},
+          {"config", [&l] { return l.config.stats(); }},
+          {"rpm", [&l] { return l.rpm.stats(); }},
+          {"burst", [&l] { return l.burst.stats(); }},
+          {"process_cap", [&l] { return l.process_cap.stats(); }},
+          {"per_account", [&l] { return l.per_account.stats(); }}};
 }
+// clang-format on
 
 double seconds(std::chrono::nanoseconds d) {
   return std::chrono::duration<double>(d).count();
