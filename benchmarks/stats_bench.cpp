@@ -53,7 +53,9 @@ struct allocation_meter {
   long start;
 };
 
-void nested_co_await(benchmark::State& state) { sluice_bench::nested_co_await(state); }
+void nested_co_await(benchmark::State& state) {
+  sluice_bench::nested_co_await(state);
+}
 BENCHMARK(nested_co_await);
 
 void semaphore_acquire_release(benchmark::State& state) {

@@ -101,7 +101,7 @@ class keyed_semaphore {
     /// Releases the permit now (no-op when empty).
     void reset() noexcept {
       if (auto* s = std::exchange(sem_, nullptr)) {
-        s->stats_.record_hold(s->stats_.clock.now() - since_);
+        s->stats_.end_hold(since_);
         s->release_node(std::exchange(node_, nullptr));
       }
     }
@@ -156,7 +156,7 @@ class keyed_semaphore {
     node_type* n = node_for(key);
     if (!n->second.try_acquire()) co_await wait(n);
     if (!stats_.clock.bound()) stats_.clock.bind(co_await asio::this_coro::executor);
-    co_return permit(*this, n, stats_.clock.now());
+    co_return permit(*this, n, stats_.hold_start());
   }
 
   /// Takes a permit of `key` if one is free and nobody waits for it (drop
@@ -164,7 +164,7 @@ class keyed_semaphore {
   [[nodiscard]] std::optional<permit> try_acquire(const Key& key) {
     node_type* n = node_for(key);  // a new key always has a free permit
     if (!n->second.try_acquire()) return std::nullopt;
-    return permit(*this, n, stats_.clock.now());
+    return permit(*this, n, stats_.hold_start());
   }
 
   /// Returns a permit of `key`: to its oldest waiter if any (resumed through a

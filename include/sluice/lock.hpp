@@ -85,7 +85,7 @@ class lock {
     co_await core_.acquire();
     if (!core_.clock_bound())
       co_return guard(*this, core_.hold_start(co_await asio::this_coro::executor));
-    co_return guard(*this, core_.now());
+    co_return guard(*this, core_.hold_start());
   }
 
   /// Takes the lock if it is free and nobody waits; never suspends.

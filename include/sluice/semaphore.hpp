@@ -112,7 +112,7 @@ class semaphore {
     co_await core_.acquire();
     if (!core_.clock_bound())
       co_return permit(*this, core_.hold_start(co_await asio::this_coro::executor));
-    co_return permit(*this, core_.now());
+    co_return permit(*this, core_.hold_start());
   }
 
   /// Takes a permit if one is free and nobody waits; never suspends.

@@ -113,7 +113,7 @@ class shared_semaphore {
     co_await acquire();
     auto& sink = core_.stats_sink();
     if (!sink.bound()) sink.bind(co_await asio::this_coro::executor);
-    co_return permit(*this, sink.now());
+    co_return permit(*this, sink.hold_start());
   }
 
   /// Takes a permit if one is free and nobody waits; never suspends. One
@@ -146,7 +146,7 @@ class shared_semaphore {
   friend permit;
   void release_held(detail::clock::time_point since) {
     auto& sink = core_.stats_sink();
-    sink.record_hold(sink.now() - since);
+    sink.end_hold(since);
     release();
   }
 

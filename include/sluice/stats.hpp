@@ -44,16 +44,21 @@ struct duration_stats {
 ///
 /// Counters run from the limit's construction; `waiting`, `in_use` and
 /// `limit` are the values now. Keeping them costs each grant one increment;
-/// only a wait that suspends and a permit's hold read the clock (the
+/// only a wait that suspends and a timed permit's hold read the clock (the
 /// executor's: virtual, and exact, under `sluice::testing::virtual_loop`).
 /// Nothing is allocated per acquisition: the first timed event allocates the
 /// limit's buckets once. Reading is O(buckets) and allocates nothing.
 ///
 /// - `wait` counts every grant: one that did not suspend waited 0.
-/// - `hold` counts the permits of `scoped_acquire()` (a `permit` or `guard`,
-///   from its grant to its release or destruction). A bare `acquire()` /
-///   `release()` pair is counted in `acquired` but has no hold time: the
-///   release cannot tell whose permit it returns.
+/// - `hold` times the permits of `scoped_acquire()` (a `permit` or `guard`,
+///   from its grant to its release or destruction): under a virtual clock
+///   every one; on the steady clock one in 16 (the 1st, 17th, ... of the
+///   limit; of the thread, for `shared_semaphore`), since two clock reads
+///   would triple the cost of an uncontended `scoped_acquire`. `hold.count`
+///   is the number timed. `adaptive_limit` times every permit (it measures
+///   their latency anyway). A bare `acquire()` / `release()` pair is counted
+///   in `acquired` but has no hold time: the release cannot tell whose permit
+///   it returns.
 /// - Rate limiters have no hold (a start is not held); their `in_use` is the
 ///   units the window or bucket holds now (see each type's `stats()`).
 ///

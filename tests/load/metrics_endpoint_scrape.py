@@ -42,10 +42,12 @@ EXPECTED = {
     ("sluice_limit", "per_account"): 1,
     ("sluice_wait_seconds_count", "backend"): 20,
     ("sluice_wait_seconds_count", "per_account"): 20,
-    ("sluice_hold_seconds_count", "backend"): 20,
-    ("sluice_hold_seconds_count", "process_cap"): 20,
-    ("sluice_hold_seconds_count", "per_account"): 20,
-    ("sluice_hold_seconds_count", "config"): 2,
+    # In real time one permit in 16 of each limit has its hold timed: of 20
+    # permits the 1st and the 17th, of the lock's 2 guards the 1st.
+    ("sluice_hold_seconds_count", "backend"): 2,
+    ("sluice_hold_seconds_count", "process_cap"): 2,
+    ("sluice_hold_seconds_count", "per_account"): 2,
+    ("sluice_hold_seconds_count", "config"): 1,
     ("sluice_hold_seconds_count", "rpm"): 0,
 }
 for limit in ("backend", "config", "rpm", "burst", "process_cap", "per_account"):

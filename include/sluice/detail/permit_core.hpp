@@ -134,14 +134,12 @@ class permit_core {
   // is not bound yet (an acquisition that never waited).
   [[nodiscard]] clock::time_point hold_start(const asio::any_io_executor& ex) {
     if (!stats_->clock.bound()) stats_->clock.bind(ex);
-    return stats_->clock.now();
+    return stats_->hold_start();
   }
+  [[nodiscard]] clock::time_point hold_start() noexcept { return stats_->hold_start(); }
   [[nodiscard]] bool clock_bound() const noexcept { return stats_->clock.bound(); }
-  [[nodiscard]] clock::time_point now() const noexcept { return stats_->clock.now(); }
-  // A permit held since `since` is being released.
-  void record_hold(clock::time_point since) noexcept {
-    stats_->record_hold(stats_->clock.now() - since);
-  }
+  // A permit held since `since` (hold_start()) is being released.
+  void record_hold(clock::time_point since) noexcept { stats_->end_hold(since); }
   // A permit measured on its own clock (adaptive_limit's) held for `d`.
   void record_hold_duration(clock::duration d) noexcept { stats_->record_hold(d); }
   // Counts into `sink` instead of this core's own (keyed_semaphore: one sink
