@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main():
+    plt.rcParams["svg.hashsalt"] = "sluice"  # reproducible ids: the SVG changes only with the data
     src, out = sys.argv[1], sys.argv[2]
     with open(src, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -38,7 +39,7 @@ def main():
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     for ext in ("png", "svg"):
-        fig.savefig(f"{out}.{ext}", dpi=110)
+        fig.savefig(f"{out}.{ext}", dpi=110, metadata={"Date": None} if ext == "svg" else None)
 
 
 if __name__ == "__main__":

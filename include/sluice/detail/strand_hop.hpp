@@ -85,6 +85,9 @@ struct hop_finish {
 
 template <class R, class Make>
 asio::awaitable<void> hop_body(std::shared_ptr<hop_box<R>> box, Make make) {
+  // Every kind the caller forwards (a coroutine passes on terminal only by
+  // default; L's waits support partial and total too).
+  co_await asio::this_coro::reset_cancellation_state(asio::enable_total_cancellation());
   if constexpr (std::is_void_v<R>) {
     co_await make();
   } else {
