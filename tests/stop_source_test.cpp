@@ -68,7 +68,7 @@ TEST_CASE("a stop request lets the running children finish within the grace and 
           refused = !g.spawn(child(loop, log, 1s));
           try {
             co_await sluice::sleep(1h);  // the stop cancels the body at once
-          } catch (const std::system_error&) {
+          } catch (const sluice::system_error&) {
             body_ended = true;
             throw;
           }

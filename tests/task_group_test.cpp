@@ -558,7 +558,7 @@ TEST_CASE("spawn_when_ready from a caller cancelled before the call starts nothi
           co_await asio::this_coro::throw_if_cancelled(false);
           try {
             co_await sluice::sleep(1h);
-          } catch (const std::system_error&) {
+          } catch (const sluice::system_error&) {
           }
           auto child = [](bool& r) -> asio::awaitable<void> {
             r = true;
@@ -566,7 +566,7 @@ TEST_CASE("spawn_when_ready from a caller cancelled before the call starts nothi
           }(ran);
           try {
             co_await g.spawn_when_ready(std::move(child));
-          } catch (const std::system_error& e) {
+          } catch (const sluice::system_error& e) {
             threw = e.code() == asio::error::operation_aborted;
           }
         },

@@ -196,7 +196,9 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   if (s->first_error) std::rethrow_exception(s->first_error);
   if (ec) throw system_error(ec, "sluice::gather");
   if (auto e = s->children->escaped()) std::rethrow_exception(e);
-  if (auto e = s->progress.error()) std::rethrow_exception(e);
+  if constexpr (State::progress_type::enabled) {
+    if (auto e = s->progress.error()) std::rethrow_exception(e);
+  }
 
   if constexpr (State::direct_results) {
     co_return std::move(s->results);

@@ -149,8 +149,7 @@ class map_core final
       co_await asio::post(ex, token);
       c->worker_started();
       if constexpr (Progress::enabled) {
-        if (!c->progress_begun_) {
-          c->progress_begun_ = true;
+        if (!c->progress_.begun()) {
           if constexpr (is_async) {
             c->progress_.begin(ex, std::nullopt);
           } else {
@@ -247,7 +246,7 @@ class map_core final
     }
     if constexpr (Progress::enabled) {
       // The last worker out of a started stream makes the end report.
-      if (c->progress_begun_ && c->ending() && c->last_worker()) {
+      if (c->progress_.begun() && c->ending() && c->last_worker()) {
         c->progress_.finish();
         if (auto e = c->progress_.error()) c->report_error(std::move(e));
       }
@@ -258,7 +257,6 @@ class map_core final
   F fn_;
   input_type input_;
   [[no_unique_address]] Progress progress_;
-  bool progress_begun_ = false;
 };
 
 template <bool Settle, bool Filter = false, class F, class In, class... P>

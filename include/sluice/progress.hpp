@@ -139,6 +139,7 @@ class progress_tracker {
   template <class Executor>
   void begin(const Executor& ex, std::optional<std::size_t> total) {
     vclock_ = find_virtual_clock(ex);
+    begun_ = true;
     t0_ = read_clock();
     next_ = t0_ + every_;
     info_.total = total;
@@ -175,6 +176,7 @@ class progress_tracker {
 
   // An exception thrown by report (the first), for the call to rethrow.
   [[nodiscard]] std::exception_ptr error() const noexcept { return error_; }
+  [[nodiscard]] bool begun() const noexcept { return begun_; }
 
   // A report if one is due.
   void tick() {
@@ -215,6 +217,7 @@ class progress_tracker {
   progress_info info_;
   std::exception_ptr error_;
   counts_t last_{};
+  bool begun_ = false;
   bool reported_ = false;
   bool finished_ = false;
 };
@@ -230,6 +233,7 @@ struct no_progress {
   void waiting(std::size_t) noexcept {}
   void finish() noexcept {}
   [[nodiscard]] std::exception_ptr error() const noexcept { return nullptr; }
+  [[nodiscard]] static constexpr bool begun() noexcept { return false; }
 };
 
 // The tracker for a progress<F> argument (no_progress for none).

@@ -10,7 +10,6 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/virtual_clock.hpp>
 #include <sluice/stats.hpp>
-#include <sluice/time.hpp>
 
 #include <sluice/detail/asio.hpp>
 
