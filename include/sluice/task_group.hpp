@@ -382,7 +382,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
       stop();
       return;
     }
-    const auto deadline = sluice::now(ex_) + grace;
+    const auto deadline = detail::add_saturating(sluice::now(ex_), grace);  // max(): forever
     if (grace_deadline_ && *grace_deadline_ <= deadline) return;
     grace_deadline_ = deadline;
     if (!grace_) {
