@@ -469,3 +469,41 @@ TEST_CASE("callers on a strand resume on it and the work runs on the first calle
   CHECK(work_on_strand == 1);
   CHECK(resumed_on_strand == 3);
 }
+
+TEST_CASE(
+    "a first caller whose work cancels it while starting leaves at once and the work is "
+    "cancelled",
+    "[single_flight]") {
+  // The work runs inline when the first caller starts it and there requests
+  // that caller's cancellation, before the caller waits on the flight.
+  for (bool throwing : {true, false}) {
+    slow_service svc({.latency = fixed(1h)});
+    sluice::single_flight<std::string, std::string> refreshes;
+    virtual_loop loop;
+    asio::cancellation_signal cancel;
+    std::string how;
+    std::chrono::nanoseconds returned_at{-1};
+    std::size_t in_flight_at_return = 99;
+    auto fn = [&]() -> asio::awaitable<std::string> {
+      cancel.emit(asio::cancellation_type::terminal);
+      co_return co_await refresh(svc, "acme");
+    };
+    asio::co_spawn(
+        loop.get_executor(),
+        [&]() -> asio::awaitable<std::string> {
+          co_await asio::this_coro::throw_if_cancelled(throwing);
+          co_return co_await sluice_test::ending_of(refreshes.run("acme", fn));
+        },
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr e, std::string s) {
+          how = e ? sluice_test::ending_of_exception(e) : s;
+          returned_at = loop.now();
+          in_flight_at_return = svc.in_flight();
+        }));
+    loop.run_for(2h);
+    CHECK(how == "aborted");
+    CHECK(returned_at == 0s);
+    CHECK(in_flight_at_return == 0);
+    CHECK(svc.cancellations() == 1);
+    CHECK(refreshes.in_flight() == 0);
+  }
+}

@@ -297,3 +297,37 @@ TEST_CASE("a deadline gather checks its limit before anything starts", "[timeout
                   std::invalid_argument);
   CHECK(svc.calls() == 0);
 }
+
+TEST_CASE("an operation that cancels the caller while with_timeout starts it is cancelled at once",
+          "[timeout]") {
+  // `op` runs inline when with_timeout starts it and there requests the
+  // caller's cancellation, before any handler of with_timeout's wait exists.
+  for (bool throwing : {true, false}) {
+    virtual_loop loop;
+    slow_service svc({.latency = latency::fixed(1h)});
+    asio::cancellation_signal cancel;
+    std::string how;
+    std::chrono::nanoseconds returned_at{-1};
+    std::size_t in_flight_at_return = 99;
+    auto cancels_its_caller = [&]() -> asio::awaitable<int> {
+      cancel.emit(asio::cancellation_type::terminal);
+      co_return co_await call_returning(svc, 1);
+    };
+    asio::co_spawn(
+        loop.get_executor(),
+        [&]() -> asio::awaitable<std::string> {
+          co_await asio::this_coro::throw_if_cancelled(throwing);
+          co_return co_await sluice_test::ending_of(sluice::with_timeout(2h, cancels_its_caller()));
+        },
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr e, std::string s) {
+          how = e ? sluice_test::ending_of_exception(e) : s;
+          returned_at = loop.now();
+          in_flight_at_return = svc.in_flight();
+        }));
+    loop.run_for(3h);
+    CHECK(how == "aborted");  // not timeout_error, not the value
+    CHECK(returned_at == 0s);
+    CHECK(in_flight_at_return == 0);
+    CHECK(svc.cancellations() == 1);
+  }
+}

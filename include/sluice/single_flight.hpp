@@ -108,6 +108,11 @@ class single_flight {
     ++f->callers;
     std::exception_ptr aborted;
     try {
+      // The work ran inline up to its first suspension when this call started
+      // it, and may have cancelled this caller there, before the wait below
+      // could see it.
+      if (state.cancelled() != asio::cancellation_type::none)
+        throw system_error(asio::error::operation_aborted, "sluice::single_flight::run");
       co_await wait(*f, true);
     } catch (...) {
       aborted = std::current_exception();
