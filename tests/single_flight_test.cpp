@@ -507,3 +507,34 @@ TEST_CASE(
     CHECK(refreshes.in_flight() == 0);
   }
 }
+
+TEST_CASE(
+    "the work of a capturing coroutine lambda outlives its first caller's cancellation intact",
+    "[single_flight]") {
+  // fn's coroutine frame refers to fn's closure (its captures); the work runs
+  // on after the caller that called fn() left, so the flight must keep fn.
+  slow_service svc({.latency = fixed(10s)});
+  sluice::single_flight<std::string, std::string> refreshes;
+  tasks_on_loop h;
+  const std::string account(40, 'a');  // long enough to live on the heap
+  std::vector<std::string> got(2);
+  std::vector<sluice_test::task*> t;
+  for (std::size_t i = 0; i < 2; ++i) {
+    t.push_back(&h.spawn([&, i]() -> asio::awaitable<void> {
+      auto fn = [&svc, id = account]() -> asio::awaitable<std::string> {
+        co_await svc.call(id, "refresh");
+        co_return "refreshed " + id;  // reads the capture after the first caller left
+      };
+      got[i] = co_await refreshes.run(account, fn);
+    }));
+  }
+  h.poll();
+  h.loop.run_for(3s);
+  t[0]->cancel();  // the caller that called fn() leaves; its closure is gone
+  h.poll();
+  CHECK(t[0]->cancelled());
+  h.loop.run_for(7s);
+  CHECK(t[1]->succeeded());
+  CHECK(got[1] == "refreshed " + account);
+  CHECK(svc.calls() == 1);
+}

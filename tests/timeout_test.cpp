@@ -173,6 +173,39 @@ TEST_CASE("a value produced despite the cancellation is kept", "[timeout]") {
   CHECK(loop.now() == 2s);
 }
 
+TEST_CASE("an operation that ignores the cancellation keeps the value it returns late",
+          "[timeout]") {
+  virtual_loop loop;
+  auto deaf = []() -> asio::awaitable<int> {
+    co_await asio::this_coro::reset_cancellation_state(
+        [](asio::cancellation_type) { return asio::cancellation_type::none; });
+    co_await sluice::sleep(5s);
+    co_return 9;
+  };
+  CHECK(loop.run(sluice::with_timeout(2s, deaf())) == 9);  // no timeout_error
+  CHECK(loop.now() == 5s);
+}
+
+TEST_CASE(
+    "an operation's own operation_aborted before the deadline passes through, not as a timeout",
+    "[timeout]") {
+  // An inner operation cancelled by something else (a closed socket, a
+  // cancelled inner wait) ends `op` with operation_aborted at 1 s.
+  virtual_loop loop;
+  auto aborted_inside = []() -> asio::awaitable<int> {
+    co_await sluice::sleep(1s);
+    throw sluice::system_error(asio::error::operation_aborted, "socket closed");
+  };
+  std::string how;
+  std::chrono::nanoseconds at{-1};
+  loop.run([&]() -> asio::awaitable<void> {
+    how = co_await sluice_test::ending_of(sluice::with_timeout(5s, aborted_inside()));
+    at = loop.now();
+  });
+  CHECK(how == "aborted");  // the operation's own system_error, not timeout_error
+  CHECK(at == 1s);
+}
+
 TEST_CASE("nested timeouts each report only their own deadline", "[timeout]") {
   virtual_loop loop;
   auto ending = [&](auto a) {

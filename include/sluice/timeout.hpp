@@ -152,10 +152,12 @@ clock::time_point deadline_after(const Executor& ex, clock::duration d) {
 /// - `op` finishing first (value or exception) ends the call at once; its
 ///   timer is cancelled at that moment, nothing is left pending.
 /// - On its own deadline it cancels `op` (terminal), waits until `op` has
-///   finished, and throws `sluice::timeout_error`. If `op` still returns a
-///   value after the cancellation, that value is returned; an exception other
-///   than `operation_aborted` that `op` throws while being cancelled passes
-///   through unchanged.
+///   finished, and throws `sluice::timeout_error`. An `op` that ignores the
+///   cancellation and still returns a value, however late, keeps it: the
+///   value is returned and no `timeout_error` is thrown (as asyncio's
+///   `timeout()` does); check the elapsed time yourself if a late value is
+///   useless to you. An exception other than `operation_aborted` that `op`
+///   throws while being cancelled passes through unchanged.
 /// - Per-Operation Cancellation: cancelling the caller cancels `op`, waits for
 ///   it, and throws `system_error(operation_aborted)`, never `timeout_error`.
 ///   A caller cancelled before the call does not start `op`; one cancelled
