@@ -12,8 +12,12 @@
 #                build/bench/report.json, tables.md, makespan.{png,svg}, ns_per_task.{png,svg}
 #   make bench-boost  the same, plus the Asio-version-dependent peers on Boost.Asio
 #   make bench-docs  bench-boost, then copies the plots to docs/ and regenerates the
-#                README's tables (the block between <!-- bench:begin/end -->)
-#   make docs    the API reference (Doxygen) under build/docs/html; fails on any warning
+#                tables of docs/performance.md (the block between <!-- bench:begin/end -->)
+#                and the README's headline (<!-- bench-headline:begin/end -->)
+#   make adaptive-docs  the adaptive_limit table and plot (examples/adaptive_limits, virtual
+#                time, exact): build/adaptive/table.md, docs/adaptive_limit.{png,svg}
+#   make docs    README.md, docs/*.md and the API reference (Doxygen) as one site under
+#                build/docs/html; fails on any warning or on a broken link (tests/docs/check_docs.py)
 #   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
 #   make fuzz    each libFuzzer target in tests/fuzz for FUZZ_SECONDS (default 60; clang)
 #   make fuzz-ci replay the fuzz corpus, then fuzz each target for FUZZ_CI_SECONDS (10)
@@ -26,9 +30,9 @@ SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O0 -g1 -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
-TSAN_TESTS = to_thread shared_semaphore task_group lock semaphore event condition queue gather map_unordered
+TSAN_TESTS = to_thread shared_semaphore strand_bound task_group lock semaphore event condition queue gather map_unordered
 
-.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench bench-docs bench-boost docs fuzz fuzz-ci fuzz-build clean
+.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench bench-docs bench-boost adaptive-docs docs fuzz fuzz-ci fuzz-build clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -87,7 +91,13 @@ bench: deps
 	$(PYTHON) benchmarks/report.py --build build/bench --out build/bench $(BENCH_ARGS)
 
 bench-docs:
-	$(MAKE) bench-boost BENCH_ARGS="--docs docs --readme README.md"
+	$(MAKE) bench-boost BENCH_ARGS="--docs docs --page docs/performance.md --readme README.md"
+
+adaptive-docs: deps
+	$(call configure,adaptive,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
+	cmake --build build/adaptive -j$(JOBS) --target adaptive_limits
+	build/adaptive/examples/adaptive_limits --csv build/adaptive/limits.csv | tee build/adaptive/table.md
+	$(PYTHON) examples/adaptive_limits_plot.py build/adaptive/limits.csv docs/adaptive_limit
 
 bench-boost: deps
 	$(call configure,bench-boost,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_USE_BOOST_ASIO=ON)
@@ -128,6 +138,7 @@ fuzz-ci: fuzz-build
 	$(call run_fuzzers,$(FUZZ_CI_SECONDS))
 
 docs: deps
+	$(PYTHON) tests/docs/check_docs.py
 	@mkdir -p build
 	doxygen docs/Doxyfile
 

@@ -2,7 +2,8 @@
 """`make bench`'s report: runs the benchmarks, collects their JSON, draws the plots.
 
   python3 benchmarks/report.py [--build DIR] [--out DIR] [--min-time S] [--repetitions N]
-                               [--no-run] [--docs DIR] [--readme README.md]
+                               [--no-run] [--docs DIR] [--page docs/performance.md]
+                               [--readme README.md]
 
 1. Runs every Google Benchmark binary DIR/benchmarks/*_bench with
    --benchmark_format=json --benchmark_out=OUT/<name>.json (timing cases:
@@ -13,9 +14,12 @@
    operation); a study row is one (language, scenario, clock, strategy, limit).
 3. Draws OUT/makespan.{png,svg} (makespan vs limit per strategy) and
    OUT/ns_per_task.{png,svg} (ns per task per workload, log scale).
-4. --docs DIR copies the plots there; --readme FILE rewrites the block between
-   `<!-- bench:begin -->` and `<!-- bench:end -->` with the tables made here
-   from report.json (nothing in them is typed by hand).
+4. --docs DIR copies the plots there; --page FILE (docs/performance.md)
+   rewrites the block between `<!-- bench:begin -->` and `<!-- bench:end -->`
+   with the tables made here from report.json, and --readme FILE (README.md)
+   the headline between `<!-- bench-headline:begin -->` and
+   `<!-- bench-headline:end -->` from the same numbers (nothing in either is
+   typed by hand).
 --no-run skips 1 and rebuilds 2-4 from the JSON already in OUT.
 """
 import argparse
@@ -551,10 +555,43 @@ def plot_ns(t, out):
     plt.close(fig)
 
 
-def rewrite_readme(path, block):
+def headline(t, target_rows):
+    """The README's few lines: the same numbers as the tables, fewer of them."""
+    measured = {r["target"]: r["measured"] for r in target_rows}
+
+    def x(a, b):
+        r = ratio(t, a, b)
+        return "—" if r is None else f"{r:.2f}x"
+
+    def faster(base):
+        return measured.get(f"≥ {base}, immediate") or "—"
+
+    rows = [
+        ("`gather_with_concurrency(100, tasks)`, 10,000 tasks that complete at once",
+         fmt_ns(t.get("gwc_lazy/immediate/100")),
+         f"{x('gwc_lazy/immediate/100', 'floor_lazy/immediate/10000')} the lazy floor "
+         f"(`for (i) co_await task(i)`), {x('gwc_lazy/immediate/100', 'pool_lazy/immediate/100')} "
+         "a hand-written pool of Asio workers"),
+        ("the same at limit 8", fmt_ns(t.get("gwc_lazy/immediate/8")),
+         f"{faster('8x faster than `co_spawn` + semaphore (limit 8)')} than one `co_spawn` per "
+         f"task behind a semaphore, {faster('200x faster than asyncio `gather_with_concurrency(8)`')}"
+         " than asyncio's `gather_with_concurrency(8)`"),
+        ("`for_each(map_unordered(fn, inputs, 64), body)`",
+         fmt_ns(t.get("map_unordered_for_each/immediate/64")),
+         f"{x('map_unordered_for_each/immediate/64', 'mu_floor_lazy/immediate/64')} the lazy floor"),
+        ("uncontended `semaphore` acquire + release", fmt_ns(t.get("semaphore_uncontended")),
+         f"{x('semaphore_uncontended', 'nested_co_await')} one nested `co_await`"),
+        ("contended `semaphore` hand-off", fmt_ns(t.get("semaphore_handoff")),
+         f"{x('semaphore_handoff', 'channel_handoff')} an `asio::experimental::channel` ping-pong"),
+    ]
+    out = ["| workload | ns | compared with |", "|---|---|---|"]
+    out += [f"| {w} | {ns} | {c} |" for w, ns, c in rows]
+    return "\n".join(out) + "\n"
+
+
+def rewrite_block(path, block, begin="<!-- bench:begin -->", end="<!-- bench:end -->"):
     with open(path) as f:
         text = f.read()
-    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
     if begin not in text or end not in text:
         sys.exit(f"{path}: no {begin} ... {end} block")
     pre, rest = text.split(begin, 1)
@@ -573,7 +610,8 @@ def main():
                     "whose availability or cost depends on the Asio version run there too)")
     ap.add_argument("--no-run", action="store_true")
     ap.add_argument("--docs")
-    ap.add_argument("--readme")
+    ap.add_argument("--page", help="the page whose bench:begin/end block gets the tables")
+    ap.add_argument("--readme", help="the file whose bench-headline:begin/end block gets the headline")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if not a.no_run:
@@ -598,8 +636,11 @@ def main():
         for name in ("makespan", "ns_per_task"):
             for ext in ("png", "svg"):
                 shutil.copy(os.path.join(a.out, f"{name}.{ext}"), a.docs)
+    if a.page:
+        rewrite_block(a.page, block)
     if a.readme:
-        rewrite_readme(a.readme, block)
+        rewrite_block(a.readme, headline(t, target_rows), "<!-- bench-headline:begin -->",
+                      "<!-- bench-headline:end -->")
 
 
 if __name__ == "__main__":

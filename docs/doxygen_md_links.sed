@@ -4,3 +4,5 @@
 # [Performance](#performance) warns "unable to resolve reference"; in the
 # reference it becomes plain text. Links to other files are left alone.
 s/\[([^]]*)\]\(#[^)]*\)/\1/g
+# A link to a heading of another page, [x](page.md#heading), links to the page.
+s/\]\(([^)#:]*\.md)#[^)]*\)/](\1)/g

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
 #include <sluice/gather.hpp>
+#include <sluice/retry.hpp>
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 
@@ -7,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -280,4 +282,159 @@ TEST_CASE("a latency model that throws fails the call and leaves nothing in flig
   CHECK(svc.collisions() == 0);
   CHECK(svc.calls() == 3);
   CHECK(svc.completed() == 2);
+}
+
+TEST_CASE("a capacity schedule throttles calls past the capacity in force at their start",
+          "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(10s), .capacity = {{0s, 2}, {5s, 1}, {20s, 3}}});
+  CHECK(svc.capacity_at(0s) == 2);
+  CHECK(svc.capacity_at(4999ms) == 2);
+  CHECK(svc.capacity_at(5s) == 1);
+  CHECK(svc.capacity_at(1h) == 3);
+  virtual_loop loop;
+  std::vector<std::string> outcome;
+  auto attempt = [&](std::chrono::nanoseconds at) -> asio::awaitable<void> {
+    co_await sluice::sleep(at);
+    try {
+      co_await svc.call();
+      outcome.push_back("ok");
+    } catch (const throttled_error& e) {
+      CHECK(std::string(e.what()).find("capacity") != std::string::npos);
+      outcome.push_back("429");
+    }
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    // 0 s: two run, a third is over 2. 6 s: two still in flight, over 1.
+    // 20 s: none in flight, capacity 3: three run, the fourth is refused.
+    co_await (attempt(0s) && attempt(0s) && attempt(0s) && attempt(6s) && attempt(20s) &&
+              attempt(20s) && attempt(20s) && attempt(20s));
+  });
+  CHECK(std::count(outcome.begin(), outcome.end(), "429") == 3);
+  CHECK(svc.throttles() == 3);
+  CHECK(svc.max_in_flight() == 3);
+  CHECK(loop.now() == 30s);
+}
+
+TEST_CASE("latency grows with the calls already in flight relative to the capacity",
+          "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(1s), .capacity = {{0s, 4}}, .load_latency = 2.0});
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    co_await (svc.call() && svc.call() && svc.call() && svc.call());
+  });
+  // Started in turn at 0 s with 0, 1, 2, 3 in flight: 1 s x (1 + 2 n / 4).
+  REQUIRE(svc.timeline().size() == 4);
+  CHECK(svc.timeline()[0].end == 1s);
+  CHECK(svc.timeline()[1].end == 1500ms);
+  CHECK(svc.timeline()[2].end == 2s);
+  CHECK(svc.timeline()[3].end == 2500ms);
+  CHECK(loop.now() == 2500ms);
+}
+
+TEST_CASE("a bad capacity schedule or load_latency is rejected", "[slow_service]") {
+  CHECK_THROWS_AS(slow_service({.capacity = {{0s, 0}}}), std::invalid_argument);
+  CHECK_THROWS_AS(slow_service({.capacity = {{5s, 2}, {5s, 3}}}), std::invalid_argument);
+  CHECK_THROWS_AS(slow_service({.load_latency = -1}), std::invalid_argument);
+}
+
+namespace {
+// The Retry-After hint of the throttle `r` holds.
+sluice::clock::duration hint_of(const sluice::outcome<void>& r) {
+  const auto* t = r.error_as<throttled_error>();
+  REQUIRE(t != nullptr);
+  return t->after;
+}
+}  // namespace
+
+TEST_CASE("a throttle by a window quota carries the time until the window admits the call",
+          "[slow_service]") {
+  slow_service svc(
+      {.latency = latency::fixed(1s), .quota = {.calls_per_window = 2, .window = 10s}});
+  virtual_loop loop;
+  std::vector<sluice::outcome<void>> r;
+  loop.run([&]() -> asio::awaitable<void> {
+    r = co_await sluice::gather(calls(svc, std::vector<std::string>(2)),
+                                sluice::return_exceptions);  // 0 .. 1 s
+    co_await sluice::sleep(2s);                              // t = 3 s
+    auto more =
+        co_await sluice::gather(calls(svc, std::vector<std::string>(2)), sluice::return_exceptions);
+    r.insert(r.end(), more.begin(), more.end());
+  });
+  CHECK(hint_of(r[2]) == 7s);  // the first start (0 s) leaves the window at 10 s
+  CHECK(hint_of(r[3]) == 7s);
+  CHECK(sluice::retryable(r[2].error()));
+}
+
+TEST_CASE("a throttle by an in-flight quota carries the time until the first call in flight ends",
+          "[slow_service]") {
+  slow_service svc({.latency = latency::sequence({5s, 3s, 1s}), .quota = {.max_in_flight = 2}});
+  slow_service keyed(
+      {.latency = latency::sequence({5s, 3s, 1s}), .key_quota = {.max_in_flight = 1}});
+  virtual_loop loop;
+  auto r =
+      loop.run(sluice::gather(calls(svc, std::vector<std::string>(3)), sluice::return_exceptions));
+  CHECK(hint_of(r[2]) == 3s);
+  auto k = loop.run(sluice::gather(calls(keyed, {"a", "b", "a"}), sluice::return_exceptions));
+  CHECK(hint_of(k[2]) == 5s);  // a's call, not b's shorter one
+}
+
+TEST_CASE("a tokens-per-window quota weighs each call; the hint says when enough tokens leave",
+          "[slow_service]") {
+  slow_service svc(
+      {.latency = latency::fixed(1s), .quota = {.window = 1min, .tokens_per_window = 1000}});
+  virtual_loop loop;
+  std::vector<sluice::outcome<void>> r;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<void>> first;
+    first.push_back(svc.call("", "", 400));  // t = 0
+    first.push_back(svc.call("", "", 500));  // t = 0
+    r = co_await sluice::gather(std::move(first), sluice::return_exceptions);
+    co_await sluice::sleep(9s);  // t = 10 s
+    std::vector<asio::awaitable<void>> second;
+    second.push_back(svc.call("", "", 400));  // 400 + 500 + 400 > 1000 until 60 s
+    second.push_back(svc.call("", "", 100));  // fits: 1000 exactly
+    auto more = co_await sluice::gather(std::move(second), sluice::return_exceptions);
+    r.insert(r.end(), more.begin(), more.end());
+    co_await sluice::sleep(49s);     // t = 60 s
+    co_await svc.call("", "", 400);  // the 400 and the 500 left the window
+  });
+  CHECK(r[0]);
+  CHECK(r[1]);
+  CHECK(hint_of(r[2]) == 50s);
+  CHECK(r[3]);
+  CHECK(svc.throttles() == 1);
+  CHECK(svc.completed() == 4);
+  CHECK(svc.timeline()[2].tokens == 400);
+  CHECK(svc.timeline()[3].tokens == 100);
+}
+
+TEST_CASE("a call heavier than the whole token quota fails; it could never be admitted",
+          "[slow_service]") {
+  slow_service svc(
+      {.latency = latency::fixed(1s), .quota = {.window = 1min, .tokens_per_window = 1000}});
+  virtual_loop loop;
+  CHECK_THROWS_AS(loop.run(svc.call("", "", 1001)), service_error);
+  CHECK_FALSE(sluice::retryable(std::make_exception_ptr(service_error("x", 0, ""))));
+  CHECK(svc.failures() == 1);
+  CHECK(svc.throttles() == 0);
+  CHECK(svc.in_flight() == 0);
+}
+
+TEST_CASE("the calls and tokens quotas of one window both apply", "[slow_service]") {
+  slow_service svc({.latency = latency::fixed(1s),
+                    .quota = {.calls_per_window = 3, .window = 1min, .tokens_per_window = 100}});
+  virtual_loop loop;
+  std::vector<asio::awaitable<void>> c;
+  c.push_back(svc.call("", "", 10));
+  c.push_back(svc.call("", "", 10));
+  c.push_back(svc.call("", "", 90));  // tokens: throttled
+  c.push_back(svc.call("", "", 10));
+  c.push_back(svc.call("", "", 10));  // calls: throttled
+  auto r = loop.run(sluice::gather(std::move(c), sluice::return_exceptions));
+  CHECK(hint_of(r[2]) == 1min);
+  CHECK(r[3]);
+  CHECK(hint_of(r[4]) == 1min);
+  CHECK(svc.completed() == 3);
 }

@@ -404,7 +404,7 @@ TEST_CASE("a stream destroyed while another coroutine awaits its next() ends tha
 TEST_CASE("an io_context destroyed mid-stream uses nothing freed (ASan)", "[stream]") {
   // A consumer waiting in next() (variants 0 and 3) is owned by the stream's
   // state, which its frame owns in turn: a loop destroyed meanwhile leaks
-  // them (known, also before the ring buffer; README "Known limitations"),
+  // them (known, also before the ring buffer; docs/primitives.md "Known limitations"),
   // so LeakSanitizer is off there. Variants 1 and 2 must free everything.
   for (int variant = 0; variant < 4; ++variant) {
     INFO("variant " << variant);

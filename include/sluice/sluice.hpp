@@ -24,15 +24,19 @@
 #include <sluice/queue.hpp>
 #include <sluice/semaphore.hpp>
 
-// Structured concurrency and threads (shared_semaphore is the one thread-safe primitive)
+// Structured concurrency and threads (shared_semaphore is the one thread-safe primitive;
+// strand_bound puts any limit on a strand of its own, callable from any thread)
 #include <sluice/shared_semaphore.hpp>
+#include <sluice/strand_bound.hpp>
 #include <sluice/task_group.hpp>
 #include <sluice/to_thread.hpp>
 
-// Limits that protect a provider: per key, per time window, deduplication
+// Limits that protect a provider: per key, per time window, deduplication, retries, adaptive
+#include <sluice/adaptive_limit.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
+#include <sluice/retry.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/token_bucket.hpp>
 

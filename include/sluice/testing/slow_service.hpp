@@ -3,6 +3,7 @@
 #define SLUICE_TESTING_SLOW_SERVICE_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/retry.hpp>
 #include <sluice/time.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -13,6 +14,8 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -25,30 +28,16 @@ namespace sluice::testing {
 
 /// What a latency or failure model sees of one call.
 struct call_info {
-  std::size_t index;     ///< 0-based, in order of arrival
-  std::string_view key;  ///< the caller's key ("" if none)
-  std::string_view op;   ///< the caller's operation name ("" if none)
+  std::size_t index;       ///< 0-based, in order of arrival
+  std::string_view key;    ///< the caller's key ("" if none)
+  std::string_view op;     ///< the caller's operation name ("" if none)
+  std::size_t tokens = 1;  ///< the call's weight against `quota::tokens_per_window`
 };
 
 /// Per-call latency: any function of the call.
 using latency_model = std::function<std::chrono::nanoseconds(const call_info&)>;
 /// Per-call failure: true makes the call throw `service_error` after its latency.
 using failure_model = std::function<bool(const call_info&)>;
-
-}  // namespace sluice::testing
-
-namespace sluice::detail {
-// splitmix64: a deterministic, portable hash of (seed, index). Models draw from
-// it by call index, so a call's latency does not depend on scheduling order.
-constexpr std::uint64_t mix(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-}  // namespace sluice::detail
-
-namespace sluice::testing {
 
 /// Latency models.
 namespace latency {
@@ -117,12 +106,26 @@ inline failure_model probability(double p, std::uint64_t seed = 1) {
 /// The provider's limit; a call over it is answered at once with `throttled_error`.
 /// As `slow_service::options::quota` it counts every call; as
 /// `slow_service::options::key_quota` it applies to each key separately.
+/// Windows are sliding: a start counts in (t - window, t].
 struct quota {
   std::size_t max_in_flight = 0;  ///< more than this many in flight is throttled (0: no limit)
   std::size_t calls_per_window =
       0;  ///< more than this many starts per `window` is throttled (0: no limit)
-  /// The window `calls_per_window` counts starts in.
+  /// The window `calls_per_window` and `tokens_per_window` count in.
   std::chrono::nanoseconds window{std::chrono::seconds(1)};
+  /// A weighted quota (an LLM's tokens per minute): a call's `tokens` (the
+  /// third argument of `call`) added to those of the calls admitted in the
+  /// window may not exceed this (0: no limit). A call heavier than the whole
+  /// quota fails with `service_error` (it could never be admitted).
+  std::size_t tokens_per_window = 0;
+};
+
+/// One step of the provider's capacity schedule: from `at` (since the
+/// service's origin) on, a call that would make more than `max_in_flight` calls
+/// in flight is throttled.
+struct capacity_step {
+  std::chrono::nanoseconds at;  ///< when this capacity starts (0 for the first step)
+  std::size_t max_in_flight;    ///< calls the provider serves at once from then on (>= 1)
 };
 
 /// An injected failure of a `slow_service` call.
@@ -141,11 +144,20 @@ class service_error : public std::runtime_error {
   std::string key_;
 };
 
-/// A call refused by the provider's quota (HTTP 429).
-class throttled_error : public service_error {
+/// A call refused by the provider's quota (HTTP 429). It carries the
+/// provider's `Retry-After` hint as a `sluice::retry_after`: the time until
+/// the quota would admit the same call if nothing else started meanwhile (the
+/// oldest start or the tokens leaving the window, the first call in flight
+/// ending), so `sluice::retryable` retries it and `sluice::retry` waits exactly
+/// that long.
+class throttled_error : public service_error, public sluice::retry_after {
  public:
-  /// Same constructor as `service_error`.
+  /// Same constructor as `service_error`, with no hint (zero).
   using service_error::service_error;
+  /// A throttle of call `index` for `key` with the hint `after`.
+  throttled_error(const std::string& what, std::size_t index, std::string key,
+                  clock::duration after)
+      : service_error(what, index, std::move(key)), sluice::retry_after{after} {}
 };
 
 /// How one call ended.
@@ -160,6 +172,7 @@ struct call_record {
   std::chrono::nanoseconds start;  ///< when the call started
   std::chrono::nanoseconds end;    ///< when it ended (== start while running)
   call_result result;              ///< how it ended
+  std::size_t tokens = 1;          ///< its weight (`call`'s third argument)
 };
 
 /// A simulated slow external provider (HTTP API, object store, LLM endpoint).
@@ -168,8 +181,11 @@ struct call_record {
 /// clock of the awaiting coroutine's executor: virtual under
 /// `virtual_loop` (exact, instant), real otherwise (`time_scale` shrinks it for
 /// demos). It may then fail (`service_error`), or be refused at once by the
-/// global `quota` or the per-key `key_quota` (`throttled_error`; a refused
-/// call is not in flight and takes no place in a window). Cancellation ends
+/// global `quota`, the `capacity` schedule or the per-key `key_quota`
+/// (`throttled_error`; a refused call is not in flight and takes no place in
+/// a window; the error carries a `sluice::retry_after` hint). With
+/// `load_latency`, latency grows with the calls already in flight, as a loaded
+/// provider slows down. Cancellation ends
 /// the wait with `operation_aborted` and is recorded. Statistics: calls, in
 /// flight (now and maximum, overall and per key), collisions per key (a call
 /// for a key while another for it is in flight), failures, throttles (overall
@@ -193,6 +209,15 @@ class slow_service {
     /// per window per key), beside the global `quota`; calls without a key are
     /// not subject to it. A call over either is throttled.
     struct quota key_quota = {};
+    /// A capacity that changes over time (steps in increasing `at`; before the
+    /// first step, and when empty, no such limit), beside `quota`: a call over
+    /// the capacity now is throttled.
+    std::vector<capacity_step> capacity = {};
+    /// Latency that grows with load: a call's latency is multiplied by
+    /// `1 + load_latency × (calls already in flight) / capacity`, where the
+    /// capacity is the scheduled one now, else `quota.max_in_flight`, else 1.
+    /// At capacity a call takes about `1 + load_latency` times its idle latency.
+    double load_latency = 0.0;
     double time_scale = 1.0;      ///< multiplies every latency (real-time demos)
     bool record_timeline = true;  ///< off for million-call benchmarks
   };
@@ -205,12 +230,23 @@ class slow_service {
       throw std::invalid_argument("sluice::testing::slow_service: no latency model");
     if (!(opt_.time_scale > 0.0))
       throw std::invalid_argument("sluice::testing::slow_service: time_scale must be > 0");
+    if (!(opt_.load_latency >= 0.0))
+      throw std::invalid_argument("sluice::testing::slow_service: load_latency must be >= 0");
+    for (std::size_t i = 0; i < opt_.capacity.size(); ++i) {
+      if (opt_.capacity[i].max_in_flight == 0 ||
+          (i > 0 && opt_.capacity[i].at <= opt_.capacity[i - 1].at))
+        throw std::invalid_argument(
+            "sluice::testing::slow_service: capacity steps need max_in_flight >= 1 and "
+            "increasing times");
+    }
   }
   slow_service(const slow_service&) = delete;
   slow_service& operator=(const slow_service&) = delete;
 
-  /// One call: waits for its latency, then returns or throws.
-  [[nodiscard]] asio::awaitable<void> call(std::string key = {}, std::string op = {}) {
+  /// One call: waits for its latency, then returns or throws. `tokens` is its
+  /// weight against `quota::tokens_per_window` (an LLM request's tokens).
+  [[nodiscard]] asio::awaitable<void> call(std::string key = {}, std::string op = {},
+                                           std::size_t tokens = 1) {
     auto ex = co_await asio::this_coro::executor;
     auto* vclock = sluice::detail::find_virtual_clock(ex);
     const auto t0 = vclock ? vclock->now() : clock::now();
@@ -219,32 +255,66 @@ class slow_service {
       origin_set_ = true;
     }
     const std::size_t index = calls_++;
-    const call_info info{index, key, op};
+    const call_info info{index, key, op, tokens};
     if (opt_.record_timeline)
-      timeline_.push_back({index, key, op, t0 - origin_, t0 - origin_, call_result::running});
+      timeline_.push_back(
+          {index, key, op, t0 - origin_, t0 - origin_, call_result::running, tokens});
 
-    const bool over_global = throttled(opt_.quota, in_flight_, starts_, t0);
     key_stats* ks = key.empty() ? nullptr : &keys_[key];
     if (ks) ++ks->calls;
-    if (over_global || (ks && throttled(opt_.key_quota, ks->in_flight, ks->starts, t0))) {
+    if (too_heavy(opt_.quota, tokens) || (ks && too_heavy(opt_.key_quota, tokens))) {
+      ++failures_;
+      finish(index, t0, call_result::failed);
+      throw service_error("slow_service: call #" + std::to_string(index) + describe(key) +
+                              " weighs more tokens than the quota's whole window",
+                          index, key);
+    }
+    const std::size_t capacity = capacity_at(t0 - origin_);
+    const bool over_capacity = capacity != 0 && global_.in_flight >= capacity;
+    auto over_global = throttled(opt_.quota, global_, t0, tokens);
+    if (over_capacity)  // hint: when the first call in flight ends
+      over_global =
+          std::max(over_global.value_or(clock::duration::zero()), *global_.ends.begin() - t0);
+    const auto over_key = ks ? throttled(opt_.key_quota, *ks, t0, tokens) : std::nullopt;
+    if (over_global || over_key) {
       ++throttles_;
       if (ks) ++ks->throttles;
       finish(index, t0, call_result::throttled);
       throw throttled_error("slow_service: call #" + std::to_string(index) + describe(key) +
                                 " throttled by the provider's " +
-                                (over_global ? "quota" : "per-key quota"),
-                            index, key);
+                                (over_capacity ? "capacity"
+                                 : over_global ? "quota"
+                                               : "per-key quota"),
+                            index, key,
+                            std::max(over_global.value_or(clock::duration::zero()),
+                                     over_key.value_or(clock::duration::zero())));
     }
     clock::duration scaled{};
     try {  // a latency model that throws leaves no call in flight
-      scaled = std::chrono::duration_cast<clock::duration>(opt_.latency(info) * opt_.time_scale);
+      double factor = opt_.time_scale;
+      if (opt_.load_latency > 0.0) {
+        const std::size_t c =
+            capacity ? capacity : std::max<std::size_t>(opt_.quota.max_in_flight, 1);
+        factor *= 1.0 + opt_.load_latency * static_cast<double>(global_.in_flight) /
+                            static_cast<double>(c);
+      }
+      scaled = std::chrono::duration_cast<clock::duration>(opt_.latency(info) * factor);
     } catch (...) {
       finish(index, t0, call_result::failed);
       throw;
     }
-    starts_.push_back(t0);
-    if (ks && opt_.key_quota.calls_per_window) ks->starts.push_back(t0);
+    const auto end = admit(global_, opt_.quota, t0, t0 + scaled, tokens);
+    const auto key_end = ks ? admit(*ks, opt_.key_quota, t0, t0 + scaled, tokens) : decltype(end){};
     enter(key);
+    struct ended {  // the call leaves the in-flight ends on every way out
+      window_state& g;
+      window_state* k;
+      std::multiset<clock::time_point>::iterator e, ke;
+      ~ended() {
+        g.ends.erase(e);
+        if (k) k->ends.erase(ke);
+      }
+    } on_exit{global_, ks, end, key_end};
     try {
       co_await sluice::detail::wait_until(ex, vclock, t0 + scaled);
     } catch (...) {
@@ -276,7 +346,7 @@ class slow_service {
   /// Calls cancelled while waiting.
   [[nodiscard]] std::size_t cancellations() const noexcept { return cancellations_; }
   /// Calls in flight now.
-  [[nodiscard]] std::size_t in_flight() const noexcept { return in_flight_; }
+  [[nodiscard]] std::size_t in_flight() const noexcept { return global_.in_flight; }
   /// The most calls ever in flight at once.
   [[nodiscard]] std::size_t max_in_flight() const noexcept { return max_in_flight_; }
   /// Calls for `key` in flight now.
@@ -301,13 +371,31 @@ class slow_service {
   [[nodiscard]] std::size_t collisions() const noexcept { return collisions_; }
   /// One record per call, in order of arrival (empty if record_timeline is off).
   [[nodiscard]] const std::vector<call_record>& timeline() const noexcept { return timeline_; }
+  /// The scheduled capacity at `t` since the origin (0: no schedule there);
+  /// the steps' times are scaled by `time_scale` as latencies are.
+  [[nodiscard]] std::size_t capacity_at(std::chrono::nanoseconds t) const noexcept {
+    std::size_t c = 0;
+    for (const auto& step : opt_.capacity) {
+      if (std::chrono::duration_cast<std::chrono::nanoseconds>(step.at * opt_.time_scale) > t)
+        break;
+      c = step.max_in_flight;
+    }
+    return c;
+  }
   /// The options' time_scale.
   [[nodiscard]] double time_scale() const noexcept { return opt_.time_scale; }
 
  private:
-  struct key_stats {
-    std::size_t calls = 0, throttles = 0, in_flight = 0, max_in_flight = 0, collisions = 0;
-    std::deque<clock::time_point> starts;  // admitted starts in the key quota's window
+  // What a quota counts: admitted starts and tokens in the window (expired
+  // ones dropped lazily), and the scheduled ends of the calls in flight.
+  struct window_state {
+    std::size_t in_flight = 0;
+    std::deque<std::pair<clock::time_point, std::size_t>> starts;  // (start, tokens)
+    std::size_t tokens = 0;                                        // sum over `starts`
+    std::multiset<clock::time_point> ends;
+  };
+  struct key_stats : window_state {
+    std::size_t calls = 0, throttles = 0, max_in_flight = 0, collisions = 0;
   };
 
   static std::string describe(const std::string& key) {
@@ -320,23 +408,63 @@ class slow_service {
     return it == keys_.end() ? empty : it->second;
   }
 
-  // True if a call at `t` breaks `q`, given what is in flight and the
-  // admitted starts (expired ones are dropped).
-  bool throttled(const quota& q, std::size_t in_flight, std::deque<clock::time_point>& starts,
-                 clock::time_point t) const {
-    if (q.max_in_flight && in_flight >= q.max_in_flight) return true;
-    if (q.calls_per_window) {
-      const auto window = std::chrono::duration_cast<clock::duration>(q.window * opt_.time_scale);
-      while (!starts.empty() && starts.front() <= t - window) starts.pop_front();
-      if (starts.size() >= q.calls_per_window) return true;
-    } else {
-      starts.clear();
+  [[nodiscard]] static bool too_heavy(const quota& q, std::size_t tokens) noexcept {
+    return q.tokens_per_window != 0 && tokens > q.tokens_per_window;
+  }
+
+  [[nodiscard]] clock::duration scaled_window(const quota& q) const {
+    return std::chrono::duration_cast<clock::duration>(q.window * opt_.time_scale);
+  }
+
+  // If a call of `tokens` at `t` breaks `q`: the time until it would not
+  // (the Retry-After hint); nullopt if it is admitted. Drops expired starts.
+  std::optional<clock::duration> throttled(const quota& q, window_state& w, clock::time_point t,
+                                           std::size_t tokens) const {
+    std::optional<clock::duration> wait;
+    const auto longer = [&wait](clock::duration d) {
+      wait = std::max(wait.value_or(clock::duration::zero()), d);
+    };
+    if (q.max_in_flight && w.in_flight >= q.max_in_flight)
+      longer(*w.ends.begin() - t);  // the first call in flight ends
+    if (!q.calls_per_window && !q.tokens_per_window) {
+      w.starts.clear();
+      w.tokens = 0;
+      return wait;
     }
-    return false;
+    const auto window = scaled_window(q);
+    while (!w.starts.empty() && w.starts.front().first <= t - window) {
+      w.tokens -= w.starts.front().second;
+      w.starts.pop_front();
+    }
+    if (q.calls_per_window && w.starts.size() >= q.calls_per_window)
+      longer(w.starts[w.starts.size() - q.calls_per_window].first + window - t);
+    if (q.tokens_per_window && w.tokens + tokens > q.tokens_per_window) {
+      std::size_t freed = 0;  // tokens that leave the window, oldest first
+      for (const auto& [at, n] : w.starts) {
+        freed += n;
+        if (w.tokens - freed + tokens <= q.tokens_per_window) {
+          longer(at + window - t);
+          break;
+        }
+      }
+    }
+    return wait;
+  }
+
+  // Counts an admitted call ending at `end` against the quota `q` kept in `w`.
+  static std::multiset<clock::time_point>::iterator admit(window_state& w, const quota& q,
+                                                          clock::time_point t,
+                                                          clock::time_point end,
+                                                          std::size_t tokens) {
+    if (q.calls_per_window || q.tokens_per_window) {
+      w.starts.emplace_back(t, tokens);
+      w.tokens += tokens;
+    }
+    return w.ends.insert(end);
   }
 
   void enter(const std::string& key) {
-    max_in_flight_ = std::max(max_in_flight_, ++in_flight_);
+    max_in_flight_ = std::max(max_in_flight_, ++global_.in_flight);
     if (key.empty()) return;
     auto& k = keys_[key];
     if (k.in_flight > 0) {
@@ -347,7 +475,7 @@ class slow_service {
   }
 
   void leave(const std::string& key) {
-    --in_flight_;
+    --global_.in_flight;
     if (!key.empty()) --keys_[key].in_flight;
   }
 
@@ -361,9 +489,9 @@ class slow_service {
   bool origin_set_ = false;
   clock::time_point origin_{};
   std::size_t calls_ = 0, completed_ = 0, failures_ = 0, throttles_ = 0, cancellations_ = 0;
-  std::size_t in_flight_ = 0, max_in_flight_ = 0, collisions_ = 0;
+  std::size_t max_in_flight_ = 0, collisions_ = 0;
   std::unordered_map<std::string, key_stats> keys_;
-  std::deque<clock::time_point> starts_;
+  window_state global_;
   std::vector<call_record> timeline_;
 };
 
