@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
   rows.push_back(cap::run_oracle());
   for (std::size_t limit : {3, 8, 12}) rows.push_back(cap::run_fixed(limit));
   rows.push_back(cap::run_adaptive("adaptive: aimd", sluice::aimd{}));
-  rows.push_back(cap::run_adaptive("adaptive: aimd hold 0 (plain sawtooth)",
-                                   sluice::aimd{.hold = 0}));
+  rows.push_back(
+      cap::run_adaptive("adaptive: aimd hold 0 (plain sawtooth)", sluice::aimd{.hold = 0}));
   rows.push_back(cap::run_adaptive("adaptive: gradient", sluice::gradient{}));
   rows.push_back(cap::run_adaptive("adaptive: vegas", sluice::vegas{}));
 

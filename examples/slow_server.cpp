@@ -99,6 +99,7 @@ int main(int argc, char** argv) try {
   asio::signal_set stop(ctx, SIGINT, SIGTERM);
   stop.async_wait([&](sluice::error_code, int) { ctx.stop(); });
   std::printf("serving on 127.0.0.1:%u (Ctrl-C stops)\n", static_cast<unsigned>(srv.port()));
+  std::fflush(stdout);  // a script that started it waits for this line
   ctx.run();
   print_stats(srv);
   return 0;

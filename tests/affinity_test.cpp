@@ -174,6 +174,31 @@ TEST_CASE("the main thread may read a primitive after the loop's thread was join
   sem->release();
 }
 
+TEST_CASE("a primitive serves a loop per worker thread, one after another",
+          "[affinity][lifetime]") {
+  // Each thread owns a loop and destroys it; the primitive outlives them all.
+  // The check must forget a dead loop (ASan: it read the dead io_context).
+  sluice::semaphore sem{1};  // no executor: it is given no loop of its own
+  int held = 0;
+  for (int round = 0; round < 3; ++round) {
+    std::thread worker([&] {
+      asio::io_context ctx;
+      asio::co_spawn(
+          asio::make_strand(ctx),  // learned by the check, dropped with the loop
+          [&]() -> asio::awaitable<void> {
+            auto permit = co_await sem.scoped_acquire();
+            ++held;
+          },
+          asio::detached);
+      ctx.run();
+    });
+    worker.join();
+  }
+  CHECK(held == 3);
+  CHECK(sem.try_acquire());
+  sem.release();
+}
+
 #if SLUICE_AFFINITY_CHECKS
 TEST_CASE("the check's rules, one by one", "[affinity]") {
   using sluice::detail::affinity;

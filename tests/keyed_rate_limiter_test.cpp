@@ -12,6 +12,8 @@
 #include <support/spawned.hpp>
 
 #include <chrono>
+#include <exception>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -155,4 +157,45 @@ TEST_CASE("destroying a keyed_rate_limiter with waiters aborts them", "[keyed_ra
   }
   h.poll();
   for (auto* x : t) CHECK(x->cancelled());
+}
+
+TEST_CASE("a keyed_rate_limiter of one call per nanoseconds::max() admits one call per key, ever",
+          "[keyed_rate_limiter]") {
+  tasks_on_loop h;
+  sluice::keyed_rate_limiter<int> once{h.loop.get_executor(), 1, std::chrono::nanoseconds::max()};
+  h.loop.run_for(1s);
+  CHECK(once.try_acquire(1));
+  h.loop.run_for(1h);
+  CHECK_FALSE(once.try_acquire(1));
+  CHECK(once.try_acquire(2));
+  CHECK(once.keys() == 2);
+}
+
+TEST_CASE("a keyed_rate_limiter of SIZE_MAX calls never wraps its count", "[keyed_rate_limiter]") {
+  tasks_on_loop h;
+  const std::size_t most = std::numeric_limits<std::size_t>::max();
+  sluice::keyed_rate_limiter<int> per_key{h.loop.get_executor(), most, 1s};
+  CHECK(per_key.try_acquire(7, most));
+  CHECK_FALSE(per_key.try_acquire(7, 1));
+  CHECK(per_key.try_acquire(8, 1));
+  h.loop.run_for(1s);
+  CHECK(per_key.try_acquire(7, 1));
+}
+
+TEST_CASE("a keyed_rate_limiter serves one io_context after another",
+          "[keyed_rate_limiter][lifetime]") {
+  sluice::keyed_rate_limiter<int> per_key{1, 20ms};
+  for (int round = 0; round < 2; ++round) {
+    asio::io_context ctx;
+    bool done = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+          co_await per_key.acquire(1);
+          co_await per_key.acquire(1);
+        },
+        [&](std::exception_ptr e) { done = !e; });
+    ctx.run();
+    CHECK(done);
+  }
 }

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstddef>
 #include <future>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -387,6 +388,81 @@ TEST_CASE("a rate_limiter waits on the steady clock on an ordinary io_context", 
   ctx.run();
   CHECK(done);
   CHECK(waited >= 20ms);  // a lower bound only: it cannot be early, it may be late
+}
+
+namespace {
+
+// Two acquire()s of `rl` on a fresh io_context (steady clock): the second
+// waits on a timer of that context.
+bool two_acquires_on_a_fresh_loop(sluice::rate_limiter& rl) {
+  asio::io_context ctx;
+  bool done = false;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        co_await rl.acquire();
+        co_await rl.acquire();
+      },
+      [&](std::exception_ptr e) { done = !e; });
+  ctx.run();
+  return done;
+}
+
+}  // namespace
+
+TEST_CASE("a rate_limiter serves one io_context after another", "[rate_limiter][lifetime]") {
+  // A global limiter, loops made per batch: the timer of the first loop must
+  // not be used on the second one (ASan: heap-use-after-free before the fix).
+  sluice::rate_limiter rpm{1, 20ms};
+  CHECK(two_acquires_on_a_fresh_loop(rpm));
+  CHECK(two_acquires_on_a_fresh_loop(rpm));
+  CHECK(rpm.waiters() == 0);
+}
+
+TEST_CASE("a rate_limiter declared before its io_context is destroyed after it cleanly",
+          "[rate_limiter][lifetime]") {
+  sluice::rate_limiter rl{1, 20ms};
+  asio::io_context ctx;
+  bool done = false;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        co_await rl.acquire();
+        co_await rl.acquire();
+      },
+      [&](std::exception_ptr e) { done = !e; });
+  ctx.run();
+  CHECK(done);
+  // ctx dies first, then rl: nothing of ctx may be left in rl.
+}
+
+TEST_CASE("a rate_limiter of one call per nanoseconds::max() admits one call, ever",
+          "[rate_limiter]") {
+  tasks_on_loop h;
+  sluice::rate_limiter once{h.loop.get_executor(), 1, std::chrono::nanoseconds::max()};
+  h.loop.run_for(1s);  // t > 0: the start's window end would wrap
+  CHECK(once.try_acquire());
+  h.loop.run_for(1h);
+  CHECK_FALSE(once.try_acquire());
+  auto& t = h.spawn([&]() -> asio::awaitable<void> { co_await once.acquire(); });
+  h.loop.run_for(24h);
+  CHECK_FALSE(t.done);
+  CHECK(once.waiters() == 1);
+  t.cancel();
+  h.poll();
+  CHECK(t.cancelled());
+}
+
+TEST_CASE("a rate_limiter of SIZE_MAX calls never wraps its count", "[rate_limiter]") {
+  tasks_on_loop h;
+  const std::size_t most = std::numeric_limits<std::size_t>::max();
+  sluice::rate_limiter rl{h.loop.get_executor(), most, 1s};
+  CHECK(rl.try_acquire(most));
+  CHECK_FALSE(rl.try_acquire(1));
+  CHECK_FALSE(rl.try_acquire(most));
+  h.loop.run_for(1s);
+  CHECK(rl.try_acquire(1));
+  CHECK_FALSE(rl.try_acquire(most));
 }
 
 #if SLUICE_AFFINITY_CHECKS

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: BSL-1.0
+#include <sluice/adaptive_limit.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/lock.hpp>
 #include <sluice/rate_limiter.hpp>
+#include <sluice/retry.hpp>
 #include <sluice/semaphore.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/strand_bound.hpp>
@@ -131,7 +133,7 @@ TEST_CASE("64 sessions on 4 threads share a rate limit, a per-user limit and sin
           "[strand_bound]") {
   constexpr int sessions = 64, rounds = 5, users = 8;
   constexpr std::size_t calls = 40;
-  constexpr auto per = 100ms;
+  constexpr auto per = 200ms;
   server srv;
   sluice::strand_bound<sluice::rate_limiter> rps{asio::make_strand(srv.ctx), calls, per};
   sluice::strand_bound<sluice::keyed_semaphore<int>> per_user{asio::make_strand(srv.ctx), 2};
@@ -190,9 +192,17 @@ TEST_CASE("64 sessions on 4 threads share a rate limit, a per-user limit and sin
 
   // The rate: arrivals counted by the provider, in windows shortened by a
   // margin for the travel from the grant (on the limit's strand) to the
-  // arrival (on the session's thread).
+  // arrival (on the session's thread, after the hop back): half the window,
+  // since under ThreadSanitizer on a loaded machine that hop took over 25 ms.
+  // (The sliding window itself is proven exactly in virtual time by
+  // rate_limiter_test; this checks that sharing it across threads breaks
+  // nothing.)
   REQUIRE(arrivals.size() == std::size_t{sessions * rounds});
-  CHECK(most_in_window(arrivals, per - 25ms) <= calls);
+  CHECK(most_in_window(arrivals, per / 2) <= calls);
+  // ... and over the whole run: 320 starts at 40 per window take at least 7
+  // windows from the first grant to the last (less the same margin).
+  const auto [first, last] = std::minmax_element(arrivals.begin(), arrivals.end());
+  CHECK(*last - *first >= (sessions * rounds / calls - 1) * per - per / 2);
   CHECK(most_per_user.load() <= 2);
   // Single-flight: one execution of a key at a time, every caller handed the
   // result of an execution that ran during its call, and callers did share.
@@ -226,7 +236,18 @@ TEST_CASE("1000 cancellations racing grants on other threads lose no permit", "[
     std::minstd_rand rng(static_cast<unsigned>(s) + 1);
     std::uniform_int_distribution<int> patience_us(0, 300), hold_us(0, 100);
     for (int i = 0; cancelled.load() < wanted || i < 20; ++i) {
-      if (i % 2 == 0) {  // a scoped permit racing a timeout
+      if (i % 3 == 2) {  // acquire() / release() racing a timeout (the free case is the fast path)
+        auto r = co_await (sem.acquire() || pause(std::chrono::microseconds(patience_us(rng))));
+        if (r.index() == 1) {
+          ++cancelled;
+          continue;
+        }
+        ++granted;
+        raise_to(most_holders, ++holders);
+        co_await pause(std::chrono::microseconds(hold_us(rng)));
+        --holders;
+        sem.release();
+      } else if (i % 3 == 0) {  // a scoped permit racing a timeout
         auto r =
             co_await (sem.scoped_acquire() || pause(std::chrono::microseconds(patience_us(rng))));
         if (r.index() == 1) {
@@ -265,8 +286,21 @@ TEST_CASE("1000 cancellations racing grants on other threads lose no permit", "[
   CHECK(keyed.underlying().keys() == 0);
 }
 
+namespace {
+
+// A waiter that accepts every kind of cancellation: what it forwards is what
+// was emitted.
+asio::awaitable<std::string> acquire_accepting_all(sluice::strand_bound<sluice::semaphore>& sem) {
+  co_await asio::this_coro::reset_cancellation_state(asio::enable_total_cancellation());
+  co_return co_await sluice_test::ending_of(sem.acquire());
+}
+
+}  // namespace
+
 TEST_CASE("a cancellation from the caller's strand removes its wait on the limit's strand",
           "[strand_bound]") {
+  const auto type = GENERATE(asio::cancellation_type::terminal, asio::cancellation_type::partial,
+                             asio::cancellation_type::total);
   server srv;
   sluice::strand_bound<sluice::semaphore> sem{asio::make_strand(srv.ctx), 1};
   asio::cancellation_signal cancel;
@@ -279,13 +313,13 @@ TEST_CASE("a cancellation from the caller's strand removes its wait on the limit
       [&]() -> asio::awaitable<void> {
         auto held = co_await sem.scoped_acquire();
         asio::co_spawn(
-            waiter_strand, sluice_test::ending_of(sem.acquire()),
+            waiter_strand, acquire_accepting_all(sem),
             asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr, std::string h) {
               how = std::move(h);
               ended = true;
             }));
         while ((waiting = co_await sem.waiters()) == 0) co_await pause(100us);
-        asio::post(waiter_strand, [&] { cancel.emit(asio::cancellation_type::terminal); });
+        asio::post(waiter_strand, [&] { cancel.emit(type); });
         while (!ended) co_await pause(100us);
         after = co_await sem.waiters();
         held.reset();
@@ -453,4 +487,50 @@ TEST_CASE("diagnostics are read on the limit's strand, visit() reads several at 
   CHECK(waiters == 0);
   CHECK(both == std::pair<std::size_t, std::size_t>{0, 1});
   CHECK(per_user.underlying().keys() == 0);  // the permits' releases ran on the strand
+}
+
+TEST_CASE("an adaptive_limit shared by sessions on 4 threads counts every outcome",
+          "[strand_bound]") {
+  constexpr int sessions = 32, calls = 10;
+  server srv;
+  sluice::strand_bound<sluice::adaptive_limit> cap{
+      asio::make_strand(srv.ctx),
+      sluice::adaptive_limit::options{.initial = 4, .min = 1, .max = 8}};
+  std::atomic<int> in_flight{0}, over{0}, taken{0};
+  srv.sessions(sessions, [&](int s) -> asio::awaitable<void> {
+    for (int i = 0; i < calls; ++i) {
+      if (i % 2 == 0) {  // a permit, reported through the strand
+        auto p = co_await cap.scoped_acquire();
+        ++in_flight;
+        if (in_flight.load() > 8) ++over;
+        co_await pause(100us);
+        --in_flight;
+        if ((s + i) % 10 == 0) {
+          p.throttled();
+        } else {
+          p.succeeded();
+        }
+      } else {  // run(fn): fn and its work on the limit's strand
+        auto fn = [&, s, i]() -> asio::awaitable<int> {
+          if ((s + i) % 10 == 1) throw sluice::throttled_error("provider says no");
+          co_return 1;
+        };
+        try {
+          co_await cap.run(fn);
+        } catch (const sluice::throttled_error&) {
+        }
+      }
+    }
+    auto t = co_await cap.try_acquire(co_await asio::this_coro::executor);
+    if (t) ++taken;
+  });
+  srv.run(4);
+  srv.check();
+  CHECK(over.load() == 0);
+  CHECK(taken.load() > 0);
+  const auto& l = cap.underlying();
+  CHECK(l.in_flight() == 0);
+  CHECK(l.waiters() == 0);
+  CHECK(l.successes() + l.throttles() == std::size_t{sessions * calls});
+  CHECK(l.throttles() == std::size_t{sessions * calls / 10});
 }

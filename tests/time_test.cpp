@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <exception>
 #include <system_error>
 #include <vector>
 
@@ -115,6 +116,33 @@ TEST_CASE("sleep waits on the steady clock on an ordinary io_context", "[time]")
   asio::co_spawn(ctx, sluice::sleep(1ms), [&](std::exception_ptr e) { done = !e; });
   ctx.run();
   CHECK(done);
+}
+
+TEST_CASE("sleep(duration::max()) saturates instead of returning at once", "[time]") {
+  virtual_loop loop;
+  bool woke = false;
+  loop.run_for(1s);  // now > 0: now + max would wrap
+  asio::co_spawn(
+      loop.get_executor(),
+      [&]() -> asio::awaitable<void> {
+        co_await sluice::sleep(sluice::clock::duration::max());
+        woke = true;
+      },
+      [](std::exception_ptr) {});
+  loop.run_for(24h);
+  CHECK_FALSE(woke);
+
+  asio::io_context ctx;  // the steady clock: now is far from its epoch
+  bool steady_woke = false;
+  asio::co_spawn(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        co_await sluice::sleep(sluice::clock::duration::max());
+        steady_woke = true;
+      },
+      [](std::exception_ptr) {});
+  ctx.run_for(20ms);
+  CHECK_FALSE(steady_woke);
 }
 
 TEST_CASE("sleep works on a strand, a reference-counted executor", "[time]") {

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -104,6 +105,37 @@ TEST_CASE("a token_bucket starts full and refills at its rate", "[token_bucket]"
   CHECK(tb.try_acquire());
   h.loop.run_for(10s);
   CHECK(tb.tokens() == 4.0);  // never above burst
+}
+
+TEST_CASE("token_bucket tokens() is exact for a rate that divides 10^9", "[token_bucket]") {
+  tasks_on_loop h;
+  h.loop.run_for(1s);
+  sluice::token_bucket tb{h.loop.get_executor(), 10.0, 3};  // one token per 100 ms
+  CHECK(tb.try_acquire(3));
+  CHECK(tb.tokens() == 0.0);  // not 4.4e-16
+  h.loop.run_for(100ms);
+  CHECK(tb.tokens() == 1.0);
+  h.loop.run_for(50ms);
+  CHECK(tb.tokens() == 1.5);
+  CHECK(tb.try_acquire(1));
+  CHECK(tb.tokens() == 0.5);
+}
+
+TEST_CASE("a token_bucket serves one io_context after another", "[token_bucket][lifetime]") {
+  sluice::token_bucket tb{50.0, 1};  // one token per 20 ms
+  for (int round = 0; round < 2; ++round) {
+    asio::io_context ctx;
+    bool done = false;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+          co_await tb.acquire();
+          co_await tb.acquire();
+        },
+        [&](std::exception_ptr e) { done = !e; });
+    ctx.run();
+    CHECK(done);
+  }
 }
 
 TEST_CASE("token_bucket waiters are FIFO with mixed n and go exactly when their tokens are there",

@@ -7,6 +7,7 @@
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/range_holder.hpp>
 #include <sluice/outcome.hpp>
+#include <sluice/progress.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -44,7 +45,7 @@ using gather_result_t =
 // cancelled parent).
 // Results of a fail-fast gather whose T is default constructible go straight
 // into the vector that is returned (no optional per slot, no second copy).
-template <class R, bool Settle>
+template <class R, bool Settle, class Progress = no_progress>
 struct gather_state {
   using task_type = std::ranges::range_value_t<std::remove_reference_t<R>>;
   using value_type = task_result_t<task_type>;
@@ -57,8 +58,13 @@ struct gather_state {
   using results_type = std::conditional_t<direct_results, std::vector<slot_type>,
                                           std::vector<std::optional<slot_type>>>;
 
-  explicit gather_state(R&& r)
-      : input(std::forward<R>(r)), children(std::make_shared<child_set>()) {}
+  using progress_type = Progress;
+
+  template <class... P>
+  explicit gather_state(R&& r, P&&... p)
+      : input(std::forward<R>(r)),
+        children(std::make_shared<child_set>()),
+        progress(std::forward<P>(p)...) {}
 
   void fail(std::exception_ptr e, std::size_t worker) {
     if (!first_error && !children->parent_cancelled()) first_error = std::move(e);
@@ -78,6 +84,7 @@ struct gather_state {
   results_type results;
   std::size_t pulled = 0;
   std::exception_ptr first_error;
+  [[no_unique_address]] Progress progress;
 };
 
 // Moves the next task into `task` and its index into `index`; false when the
@@ -93,6 +100,7 @@ template <class State>
     task = s.input.take();  // may throw: nothing counted yet
     index = s.pulled++;
     if constexpr (State::store_results) s.results.emplace_back();
+    s.progress.started();
     return true;
   } catch (...) {
     if (!s.first_error) s.first_error = std::current_exception();
@@ -116,7 +124,9 @@ asio::awaitable<void, Executor> gather_worker(std::shared_ptr<State> s, std::siz
         auto value = co_await std::move(task);
         s->store(index, std::move(value));
       }
+      s->progress.ended(false, 0, false);  // reported by the next pull (or below)
     } catch (...) {
+      s->progress.ended(true, 0, false);
       if constexpr (State::settle) {
         s->store(index, std::current_exception());
       } else {
@@ -124,6 +134,7 @@ asio::awaitable<void, Executor> gather_worker(std::shared_ptr<State> s, std::siz
       }
     }
   } while (pull(*s, self, task, index));
+  s->progress.tick();
 }
 
 // The limit of an unbounded gather.
@@ -150,6 +161,14 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   if (caller.cancelled() != asio::cancellation_type::none)
     throw system_error(asio::error::operation_aborted, "sluice: cancelled before start");
   auto ex = co_await asio::this_coro::executor;
+  if constexpr (State::progress_type::enabled) {
+    s->progress.begin(ex, size_if_known(s->input.range()));
+    if (s->input.done()) {
+      s->progress.finish();
+      if (auto e = s->progress.error()) std::rethrow_exception(e);
+      co_return result_type();
+    }
+  }
   if (s->input.done()) co_return result_type();
 
   typename State::task_type task;
@@ -173,9 +192,13 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   auto join_token = asio::redirect_error(asio::use_awaitable_t<executor_type>(), ec);
   co_await s->children->async_join(ex, join_token);
   co_await asio::this_coro::throw_if_cancelled(throw_before);
+  s->progress.finish();
   if (s->first_error) std::rethrow_exception(s->first_error);
   if (ec) throw system_error(ec, "sluice::gather");
   if (auto e = s->children->escaped()) std::rethrow_exception(e);
+  if constexpr (State::progress_type::enabled) {
+    if (auto e = s->progress.error()) std::rethrow_exception(e);
+  }
 
   if constexpr (State::direct_results) {
     co_return std::move(s->results);
@@ -189,17 +212,17 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
 
 // Takes the range into a new state now (not when the call is first awaited)
 // and returns the awaitable call.
-template <bool Settle, class R>
-auto start_gather(std::size_t limit, R&& r) {
+template <bool Settle, class R, class... P>
+auto start_gather(std::size_t limit, R&& r, P&&... p) {
   static_assert(
       !lends_stored_tasks<R>,
       "sluice::gather / gather_with_concurrency: `tasks` holds stored "
       "asio::awaitable<T>s and is passed as an lvalue, but an awaitable runs only once and "
       "would be moved out of it: pass std::move(tasks) (or a lazy range that makes each "
       "task when it is dereferenced).");
-  auto s = std::make_shared<gather_state<R, Settle>>(std::forward<R>(r));
-  if constexpr (gather_state<R, Settle>::store_results &&
-                std::ranges::sized_range<std::remove_reference_t<R>>)
+  using state = gather_state<R, Settle, typename tracker_for<std::remove_cvref_t<P>...>::type>;
+  auto s = std::make_shared<state>(std::forward<R>(r), std::forward<P>(p)...);
+  if constexpr (state::store_results && std::ranges::sized_range<std::remove_reference_t<R>>)
     s->results.reserve(static_cast<std::size_t>(std::ranges::size(s->input.range())));
   return run_gather(std::move(s), limit);
 }
@@ -339,6 +362,42 @@ template <task_range R>
 template <task_range R>
 [[nodiscard]] auto gather(R&& tasks, return_exceptions_t) {
   return detail::start_gather<true>(detail::unbounded, std::forward<R>(tasks));
+}
+
+/// `gather_with_concurrency` with progress reports: `report(const
+/// sluice::progress_info&)` is called at most once per `every` while tasks
+/// start and finish, and once at the end (see `sluice::progress`). `total` is
+/// the range's size when it is a sized range. Otherwise as the form without.
+///
+/// @code
+/// co_await sluice::gather_with_concurrency(8, std::move(calls), sluice::progress(print_bar));
+/// @endcode
+template <task_range R, class F>
+[[nodiscard]] auto gather_with_concurrency(std::size_t limit, R&& tasks, progress<F> report) {
+  detail::check_limit(limit, "sluice::gather_with_concurrency");
+  return detail::start_gather<false>(limit, std::forward<R>(tasks), std::move(report));
+}
+
+/// Settling `gather_with_concurrency` with progress reports (`failed` counts
+/// the outcomes that hold an exception).
+template <task_range R, class F>
+[[nodiscard]] auto gather_with_concurrency(std::size_t limit, R&& tasks, return_exceptions_t,
+                                           progress<F> report) {
+  detail::check_limit(limit, "sluice::gather_with_concurrency");
+  return detail::start_gather<true>(limit, std::forward<R>(tasks), std::move(report));
+}
+
+/// Unbounded `gather` over a range with progress reports (see
+/// `sluice::progress`). The tuple form takes none.
+template <task_range R, class F>
+[[nodiscard]] auto gather(R&& tasks, progress<F> report) {
+  return detail::start_gather<false>(detail::unbounded, std::forward<R>(tasks), std::move(report));
+}
+
+/// Settling unbounded `gather` with progress reports.
+template <task_range R, class F>
+[[nodiscard]] auto gather(R&& tasks, return_exceptions_t, progress<F> report) {
+  return detail::start_gather<true>(detail::unbounded, std::forward<R>(tasks), std::move(report));
 }
 
 /// Runs the given tasks concurrently and returns a `std::tuple` of their

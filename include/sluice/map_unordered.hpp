@@ -7,6 +7,7 @@
 #include <sluice/detail/range_holder.hpp>
 #include <sluice/detail/stream_core.hpp>
 #include <sluice/outcome.hpp>
+#include <sluice/progress.hpp>
 #include <sluice/stream.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -72,25 +73,38 @@ concept fan_out_function = fan_out_input<In> && std::invocable<F&, fan_out_input
 
 namespace detail {
 
-template <class F, class In, bool Settle>
+// What a stage yields for a task result R: R itself (void: monostate), or,
+// for a filtering stage (R = std::optional<U>), U.
+template <class R, bool Filter>
+struct stage_value {
+  using type = std::conditional_t<std::is_void_v<R>, std::monostate, R>;
+};
+template <class R>
+struct stage_value<R, true> {
+  using type = typename optional_traits<R>::value_type;
+};
+
+template <class F, class In, bool Settle, bool Filter = false>
 struct map_types {
   using input_value = fan_out_input_t<In>;
   using task_type = std::invoke_result_t<F&, input_value>;
   using result_type = task_result_t<task_type>;
   using executor_type = task_executor_t<task_type>;
-  using value_type = std::conditional_t<
-      Settle, outcome<result_type>,
-      std::conditional_t<std::is_void_v<result_type>, std::monostate, result_type>>;
+  using yield_type = typename stage_value<result_type, Filter>::type;
+  using value_type = std::conditional_t<Settle, outcome<yield_type>, yield_type>;
 };
 
 // One map_unordered: the input, the function, and the worker coroutine. A
 // worker takes a slot, pulls one input (an async source is pulled by one
 // worker at a time: pulling_), awaits fn(input) inline and hands the result
 // to the stream, then goes round again; no co_spawn per task.
-template <class F, class In, bool Settle>
-class map_core final : public stream_core<typename map_types<F, In, Settle>::value_type,
-                                          typename map_types<F, In, Settle>::executor_type> {
-  using types = map_types<F, In, Settle>;
+// Filter: fn yields std::optional<U>; an empty one is dropped (its slot goes
+// back at once) and U is yielded. Progress: no_progress or a progress_tracker.
+template <class F, class In, bool Settle, bool Filter = false, class Progress = no_progress>
+class map_core final
+    : public stream_core<typename map_types<F, In, Settle, Filter>::value_type,
+                         typename map_types<F, In, Settle, Filter>::executor_type> {
+  using types = map_types<F, In, Settle, Filter>;
   using base = stream_core<typename types::value_type, typename types::executor_type>;
   using executor_type = typename types::executor_type;
   using input_value = typename types::input_value;
@@ -100,8 +114,12 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
   using task_value = std::conditional_t<std::is_void_v<result_type>, std::monostate, result_type>;
 
  public:
-  map_core(F fn, In&& in, std::size_t limit)
-      : base(limit), fn_(std::move(fn)), input_(std::forward<In>(in)) {}
+  template <class... P>
+  map_core(F fn, In&& in, std::size_t limit, P&&... p)
+      : base(limit),
+        fn_(std::move(fn)),
+        input_(std::forward<In>(in)),
+        progress_(std::forward<P>(p)...) {}
 
  private:
   void spawn_worker() override {
@@ -130,6 +148,15 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
       asio::use_awaitable_t<executor_type> token;
       co_await asio::post(ex, token);
       c->worker_started();
+      if constexpr (Progress::enabled) {
+        if (!c->progress_.begun()) {
+          if constexpr (is_async) {
+            c->progress_.begin(ex, std::nullopt);
+          } else {
+            c->progress_.begin(ex, size_if_known(c->input_.range()));
+          }
+        }
+      }
       while (!c->ending()) {
         if (!c->may_pull()) {
           co_await c->park();
@@ -178,6 +205,7 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
         // The task, awaited inline (no frame of ours around it).
         std::optional<task_value> value;
         c->task_started();
+        c->progress_.started();
         try {
           if constexpr (std::is_void_v<result_type>) {
             co_await std::invoke(c->fn_, std::move(*input));
@@ -187,6 +215,7 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
           }
         } catch (...) {
           c->task_ended();
+          c->progress_.ended(true);
           input.reset();
           if constexpr (Settle) {
             c->deliver(std::current_exception());
@@ -197,8 +226,15 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
           continue;
         }
         c->task_ended();
+        c->progress_.ended(false);
         input.reset();
-        if constexpr (Settle && std::is_void_v<result_type>) {
+        if constexpr (Filter) {
+          if (!*value) {  // dropped: its slot goes to the next input at once
+            c->give_back_slot();
+            continue;
+          }
+          c->deliver(std::move(**value));
+        } else if constexpr (Settle && std::is_void_v<result_type>) {
           c->deliver();
         } else {
           c->deliver(std::move(*value));
@@ -208,19 +244,29 @@ class map_core final : public stream_core<typename map_types<F, In, Settle>::val
       // Only the machinery can get here (tasks' exceptions are caught above).
       c->fail(std::current_exception(), self, true);
     }
+    if constexpr (Progress::enabled) {
+      // The last worker out of a started stream makes the end report.
+      if (c->progress_.begun() && c->ending() && c->last_worker()) {
+        c->progress_.finish();
+        if (auto e = c->progress_.error()) c->report_error(std::move(e));
+      }
+    }
     c->worker_left();
   }
 
   F fn_;
   input_type input_;
+  [[no_unique_address]] Progress progress_;
 };
 
-template <bool Settle, class F, class In>
-auto make_map_stream(F fn, In&& in, std::size_t limit) {
+template <bool Settle, bool Filter = false, class F, class In, class... P>
+auto make_map_stream(F fn, In&& in, std::size_t limit, P&&... p) {
   if (limit == 0)
-    throw std::invalid_argument("sluice::map_unordered: limit must be at least 1 (got 0)");
-  using core = map_core<F, In, Settle>;
-  using types = map_types<F, In, Settle>;
+    throw std::invalid_argument(std::string(Filter ? "sluice::filter" : "sluice::map_unordered") +
+                                ": limit must be at least 1 (got 0)");
+  using core =
+      map_core<F, In, Settle, Filter, typename tracker_for<std::remove_cvref_t<P>...>::type>;
+  using types = map_types<F, In, Settle, Filter>;
   if constexpr (!fan_out_input_traits<In>::is_async) {
     static_assert(
         !lends_stored_tasks<In>,
@@ -238,7 +284,7 @@ auto make_map_stream(F fn, In&& in, std::size_t limit) {
         "executor type (e.g. both asio::awaitable<...> with the default any_io_executor)");
   }
   return stream_access::make<typename types::value_type, typename types::executor_type>(
-      std::make_shared<core>(std::move(fn), std::forward<In>(in), limit));
+      std::make_shared<core>(std::move(fn), std::forward<In>(in), limit, std::forward<P>(p)...));
 }
 
 // as_completed's function: the element is already the task.
@@ -334,6 +380,27 @@ template <class F, class In>
 requires fan_out_function<F, In>
 [[nodiscard]] auto map_unordered(F fn, In&& inputs, std::size_t limit, return_exceptions_t) {
   return detail::make_map_stream<true>(std::move(fn), std::forward<In>(inputs), limit);
+}
+
+/// `map_unordered` with progress reports (see `sluice::progress`): `report`
+/// is called at most once per `every` as tasks start and finish (`done` when
+/// a task finishes, not when its result is read), and once when the stream
+/// ends (by its last task; also when it is closed or fails). `total` is the
+/// input's size when it is a sized range.
+template <class F, class In, class P>
+requires fan_out_function<F, In>
+[[nodiscard]] auto map_unordered(F fn, In&& inputs, std::size_t limit, progress<P> report) {
+  return detail::make_map_stream<false>(std::move(fn), std::forward<In>(inputs), limit,
+                                        std::move(report));
+}
+
+/// Settling `map_unordered` with progress reports.
+template <class F, class In, class P>
+requires fan_out_function<F, In>
+[[nodiscard]] auto map_unordered(F fn, In&& inputs, std::size_t limit, return_exceptions_t,
+                                 progress<P> report) {
+  return detail::make_map_stream<true>(std::move(fn), std::forward<In>(inputs), limit,
+                                       std::move(report));
 }
 
 /// Misuse: reports what is wrong with `fn` or `inputs` in one line.

@@ -11,10 +11,13 @@
 #include <sluice/concepts.hpp>
 #include <sluice/outcome.hpp>
 
-// Fan-out: gather, gather_with_concurrency, map_unordered, as_completed, for_each
+// Fan-out: gather, gather_with_concurrency, map_unordered, as_completed, filter, for_each,
+// and progress reports on them
+#include <sluice/filter.hpp>
 #include <sluice/for_each.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/map_unordered.hpp>
+#include <sluice/progress.hpp>
 #include <sluice/stream.hpp>
 
 // Synchronization primitives (loop-affine, FIFO, cancellation-safe)
@@ -27,6 +30,7 @@
 // Structured concurrency and threads (shared_semaphore is the one thread-safe primitive;
 // strand_bound puts any limit on a strand of its own, callable from any thread)
 #include <sluice/shared_semaphore.hpp>
+#include <sluice/stop_source.hpp>
 #include <sluice/strand_bound.hpp>
 #include <sluice/task_group.hpp>
 #include <sluice/to_thread.hpp>

@@ -21,9 +21,11 @@ namespace sluice {
 /// dropped on any thread.
 ///
 /// `P` is the limit's own permit (`semaphore::permit`, `lock::guard`,
-/// `keyed_semaphore<K>::permit`, ...). `get()` gives read access to it for
-/// members that only read the permit itself (`key()` of a keyed permit); never
-/// call a member that touches the limit from off the strand.
+/// `keyed_semaphore<K>::permit`, `adaptive_limit::permit`, ...). `get()` gives
+/// read access to it for members that only read the permit itself (`key()` of
+/// a keyed permit); a member that touches the limit (`adaptive_limit`'s
+/// outcome reports) goes through `release_with(f)`, or `succeeded()`,
+/// `throttled()`, `dropped()` where `P` has them.
 ///
 /// Lifetimes: the `strand_bound` must outlive its permits, and the strand's
 /// loop must still run when the last one is dropped (a release posted to a
@@ -62,6 +64,38 @@ class strand_permit {
     asio::post(strand_, [p = std::move(inner_)]() mutable { P dropped(std::move(p)); });
   }
 
+  /// Runs `f(P&)` on the limit's strand with the permit, then releases it
+  /// there: for the members of `P` that touch the limit. Posted; returns at
+  /// once (no-op when empty). What `f` throws is thrown on the strand, out of
+  /// the `run()` of the thread that runs it.
+  template <class F>
+  requires std::invocable<F&, P&>
+  void release_with(F f) {
+    if (!inner_) return;
+    asio::post(strand_, [p = std::move(inner_), f = std::move(f)]() mutable {
+      P last(std::move(p));
+      f(last);
+    });
+  }
+
+  /// `adaptive_limit::permit`: reports the call's outcome on the limit's
+  /// strand and releases (the latency it feeds the algorithm runs from the
+  /// grant on the strand to this report there, so it includes the hop).
+  void succeeded() requires requires(P& p) { p.succeeded(); }
+  {
+    release_with([](P& p) { p.succeeded(); });
+  }
+  /// As `succeeded()`, for a throttle.
+  void throttled() requires requires(P& p) { p.throttled(); }
+  {
+    release_with([](P& p) { p.throttled(); });
+  }
+  /// As `succeeded()`, for a timeout or a drop.
+  void dropped() requires requires(P& p) { p.dropped(); }
+  {
+    release_with([](P& p) { p.dropped(); });
+  }
+
   /// The limit's own permit, for reading it (see the class comment).
   [[nodiscard]] const P& get() const noexcept { return inner_; }
 
@@ -76,9 +110,10 @@ class strand_permit {
 /// each session on its own strand) share one rate limit, one per-user limit
 /// and one single-flight table. Works for `semaphore`, `bounded_semaphore`,
 /// `lock`, `keyed_semaphore`, `rate_limiter`, `token_bucket`,
-/// `keyed_rate_limiter`, `single_flight` and any type with the same shapes of
-/// members (an adapter over the loop-affine cores, not a second copy of their
-/// logic; `shared_semaphore` is the lock-free alternative for a plain count).
+/// `keyed_rate_limiter`, `single_flight`, `adaptive_limit` and any type with
+/// the same shapes of members (an adapter over the loop-affine cores, not a
+/// second copy of their logic; `shared_semaphore` is the lock-free
+/// alternative for a plain count).
 ///
 /// Construction: `strand_bound<L> b{strand, args...}` builds `L{strand,
 /// args...}` when `L` takes an executor first, else `L{args...}`. The strand
@@ -94,7 +129,7 @@ class strand_permit {
 ///   so it is an awaitable too (it suspends for the hops, never for the limit).
 /// - `release(args...)`: posted to the strand; returns at once.
 /// - diagnostics (`value`, `waiters`, `max_waiters`, `locked`, `keys`,
-///   `in_flight`, `per_key`, `stats`): awaitables that read on the strand, so
+///   `in_flight`, `limit`, `stats`): awaitables that read on the strand, so
 ///   each result is one consistent reading of the limit.
 /// - `visit(f)`: runs `f(L&)` on the strand and returns its result: any other
 ///   member of `L`, or several readings taken at one instant.
@@ -126,10 +161,14 @@ class strand_permit {
 /// `single_flight`: `fn()` is called on the limit's strand, by the first
 /// caller's call there (while that caller waits), and the shared work runs as
 /// a coroutine on the limit's strand; every caller resumes on its own
-/// executor. So the work's own completions (its I/O) are serialised with the
-/// limit's other calls: keep CPU-heavy work off it (`sluice::to_thread`), give
-/// each `single_flight` a strand of its own, and take `fn`'s captures by value
-/// (the work may outlive the first caller, as `single_flight` says).
+/// executor. The same holds for `adaptive_limit::run(fn)`: `fn()` and its
+/// work run on the limit's strand (its outcome is reported there); a
+/// `scoped_acquire()` permit reports through `strand_permit::succeeded()` etc.
+/// So the work's own completions (its I/O) are serialised with the limit's
+/// other calls: keep CPU-heavy work off it (`sluice::to_thread`), give each
+/// `single_flight` a strand of its own (examples/http_gateway.cpp shards one
+/// per thread), and take `fn`'s captures by value (the work may outlive the
+/// first caller, as `single_flight` says).
 ///
 /// Throws: what `L` throws, at the awaiting caller (`std::invalid_argument`
 /// for a bad `n`, `std::logic_error` for a `try_acquire` misuse, ...). A
@@ -192,7 +231,18 @@ class strand_bound {
     auto pass_on = [this, args...] {
       give_back(args...);
     };
-    return call<void>(std::move(make), std::move(pass_on));
+    if constexpr (requires(L & l) {
+                    { l.try_acquire(args...) } -> std::same_as<bool>;
+                  }) {
+      // The free case costs no coroutine on the strand: L's own acquire()
+      // takes that path first too (no barging: it fails while others wait).
+      auto fast = [this, args...] {
+        return limit_.try_acquire(args...);
+      };
+      return call<void>(std::move(make), std::move(pass_on), std::move(fast));
+    } else {
+      return call<void>(std::move(make), std::move(pass_on));
+    }
   }
 
   /// `L::scoped_acquire(args...)` on the strand; the permit's release is
@@ -224,8 +274,14 @@ class strand_bound {
         if (took) give_back(args...);
       };
       return call<bool>(std::move(make), std::move(pass_on));
-    } else {
+    } else if constexpr (is_optional<inner>::value) {
       using result = std::optional<strand_permit<typename inner::value_type>>;
+      auto make = [this, args...] {
+        return try_permit_on_strand<result>(strand_, limit_, args...);
+      };
+      return call<result>(std::move(make), [](result) {});
+    } else {  // a permit that is empty when nothing was taken (adaptive_limit)
+      using result = strand_permit<inner>;
       auto make = [this, args...] {
         return try_permit_on_strand<result>(strand_, limit_, args...);
       };
@@ -310,6 +366,11 @@ class strand_bound {
   {
     return visit([](const L& l) { return l.in_flight(); });
   }
+  /// `L::limit()` (`adaptive_limit`), read on the strand.
+  [[nodiscard]] auto limit() requires requires(const L& l) { l.limit(); }
+  {
+    return visit([](const L& l) { return l.limit(); });
+  }
   /// `L::stats()`, read on the strand.
   [[nodiscard]] auto stats() requires requires(const L& l) { l.stats(); }
   {
@@ -357,12 +418,22 @@ class strand_bound {
     co_return l.try_acquire(args...);
   }
 
+  template <class T>
+  struct is_optional : std::false_type {};
+  template <class T>
+  struct is_optional<std::optional<T>> : std::true_type {};
+
   template <class Result, class... Args>
   static asio::awaitable<Result> try_permit_on_strand(asio::any_io_executor strand, L& l,
                                                       Args... args) {
     auto p = l.try_acquire(args...);
-    if (!p) co_return std::nullopt;
-    co_return Result(std::in_place, std::move(strand), std::move(*p));
+    if constexpr (is_optional<Result>::value) {
+      if (!p) co_return std::nullopt;
+      co_return Result(std::in_place, std::move(strand), std::move(*p));
+    } else {
+      if (!p) co_return Result{};
+      co_return Result(std::move(strand), std::move(p));
+    }
   }
 
   template <class R, class F>
@@ -379,8 +450,8 @@ class strand_bound {
   // directly when the caller is on the strand, else through detail::hop. A
   // result granted before a cancellation reached the strand is handed to
   // pass_on() (posted back to the strand) and operation_aborted is thrown.
-  template <class R, class Make, class PassOn>
-  asio::awaitable<R> call(Make make, PassOn pass_on) {
+  template <class R, class Make, class PassOn, class Fast = detail::no_fast_path>
+  asio::awaitable<R> call(Make make, PassOn pass_on, Fast fast = {}) {
     const asio::any_io_executor ex = co_await asio::this_coro::executor;
     if (ex == strand_) {
       if constexpr (std::is_void_v<R>) {
@@ -393,7 +464,7 @@ class strand_bound {
     const auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     // Named, not a temporary of the co_await expression (g++ 12).
-    auto hop = detail::hop<R>(strand_, std::move(make));
+    auto hop = detail::hop<R>(strand_, std::move(make), std::move(fast));
     if constexpr (std::is_void_v<R>) {
       co_await std::move(hop);
       if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {

@@ -4,7 +4,11 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/child_set.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/progress.hpp>
+#include <sluice/stop_source.hpp>
+#include <sluice/time.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -17,6 +21,7 @@
 #include <limits>
 #include <list>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -69,6 +74,28 @@ concept task_group_body = std::invocable<F&, task_group&> &&
 ///   returns false.
 /// - `limit == 0` throws `std::invalid_argument` before anything starts.
 ///
+/// Shutdown from outside: `run(limit, body, stop)` with a `sluice::stop_source`.
+/// `stop.request(grace)` makes the group
+/// 1. stop accepting: `spawn` and `spawn_when_ready` return false from then
+///    on (the task is destroyed unstarted), and producers waiting in
+///    `spawn_when_ready` resume with false;
+/// 2. drop the children waiting for a slot: they never start;
+/// 3. cancel the body at once (terminal): it is the producer, and whatever it
+///    would spawn is refused anyway;
+/// 4. let the running children finish for `grace` on the executor's clock,
+///    then cancel those still running (terminal); `run` returns as soon as
+///    all have finished, without an exception. A child failing with an error
+///    of its own during the grace fails the group as usual; the
+///    `operation_aborted` of what the stop cancelled is not an error.
+///
+/// Backpressure: `co_await g.spawn_when_ready(task)` waits for a free slot
+/// instead of queueing the task, so a producer reading a queue holds at most
+/// `limit` jobs in the group, and what it has not taken stays in the queue.
+///
+/// Progress: `run(limit, body, sluice::progress(report))` (also after `stop`)
+/// reports the children (not the body): started, done, failed, in flight,
+/// waiting (spawned, not started); `total` is empty. See `sluice::progress`.
+///
 /// Lifetimes: the group lives until `run` completes. The body object (a
 /// lambda and its captures) is kept alive until then too, so children may
 /// borrow from its captures and from the caller's frame. The body coroutine's
@@ -91,8 +118,10 @@ concept task_group_body = std::invocable<F&, task_group&> &&
 ///   co_return;
 /// });   // every page crawled, or the first error after everything stopped
 /// @endcode
-class task_group : public std::enable_shared_from_this<task_group> {
+class task_group final : public std::enable_shared_from_this<task_group>,
+                         private detail::stop_listener {
   struct key {};
+  using hooks_ptr = std::unique_ptr<detail::progress_hooks>;
 
  public:
   /// Runs `body(group)` and every child it spawns with no bound on how many
@@ -100,7 +129,7 @@ class task_group : public std::enable_shared_from_this<task_group> {
   /// failure and cancellation.
   template <task_group_body Body>
   [[nodiscard]] static asio::awaitable<void> run(Body body) {
-    return run_impl(std::numeric_limits<std::size_t>::max(), std::move(body));
+    return run_impl(std::numeric_limits<std::size_t>::max(), std::move(body), nullptr, nullptr);
   }
 
   /// As `run(body)`, with at most `limit` children running at once; the others
@@ -108,9 +137,37 @@ class task_group : public std::enable_shared_from_this<task_group> {
   /// `limit == 0`.
   template <task_group_body Body>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body) {
-    if (limit == 0)
-      throw std::invalid_argument("sluice::task_group::run: limit must be at least 1 (got 0)");
-    return run_impl(limit, std::move(body));
+    check_limit(limit);
+    return run_impl(limit, std::move(body), nullptr, nullptr);
+  }
+
+  /// As `run(limit, body)`, stopped gracefully by `stop.request(grace)` (see
+  /// the class comment): no new children, waiting ones dropped, the body
+  /// cancelled, running children given `grace`, then cancelled; `run` then
+  /// returns normally. If the stop was requested before the call, the body is
+  /// not called and `run` returns at once. `stop` must outlive the call.
+  template <task_group_body Body>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body, stop_source& stop) {
+    check_limit(limit);
+    return run_impl(limit, std::move(body), &stop, nullptr);
+  }
+
+  /// As `run(limit, body)`, with progress reports on the children (see
+  /// `sluice::progress`).
+  template <task_group_body Body, class F>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body, progress<F> report) {
+    check_limit(limit);
+    return run_impl(limit, std::move(body), nullptr,
+                    std::make_unique<detail::progress_hooks_for<F>>(std::move(report)));
+  }
+
+  /// As `run(limit, body, stop)`, with progress reports on the children.
+  template <task_group_body Body, class F>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body, stop_source& stop,
+                                                 progress<F> report) {
+    check_limit(limit);
+    return run_impl(limit, std::move(body), &stop,
+                    std::make_unique<detail::progress_hooks_for<F>>(std::move(report)));
   }
 
   /// Adds a child. It starts at once (it runs up to its first suspension
@@ -118,15 +175,50 @@ class task_group : public std::enable_shared_from_this<task_group> {
   /// unstarted in FIFO order for a slot. Returns
   /// true if the child was accepted; false if the group has begun to stop (a
   /// failure or a cancellation), in which case `child` is destroyed unstarted.
+  /// After a stop request (`sluice::stop_source`) it returns false too.
   bool spawn(asio::awaitable<void> child) {
     affinity_.check("sluice::task_group");
-    if (stopping_) return false;  // `child` is destroyed unstarted on return
+    if (!accepting()) return false;  // `child` is destroyed unstarted on return
     if (running_ < limit_) {
       start(std::move(child));
     } else {
       waiting_.push_back(std::move(child));
+      if (progress_) progress_->waiting(waiting_.size());
     }
     return true;
+  }
+
+  /// Adds a child once a slot is free, instead of queueing it: the producer's
+  /// backpressure. Resumes (on the awaiting coroutine's executor) with true
+  /// once `child` has started (it ran up to its first suspension), at once if
+  /// a slot is free and nobody waits for one; producers waiting here and
+  /// children queued by `spawn` are served in FIFO order, queued children
+  /// first. Resumes with false, `child` destroyed unstarted, when the group
+  /// stops accepting (a stop request, a failure, a cancellation) before
+  /// the child started.
+  ///
+  /// Per-Operation Cancellation (terminal, partial, total): a waiting call is
+  /// removed, `child` is destroyed unstarted and `system_error`
+  /// (`operation_aborted`) is thrown; a slot that freed meanwhile goes to the
+  /// next waiter, nothing is lost. A call whose slot was already granted
+  /// returns true (the child runs). A caller whose cancellation was requested
+  /// before the call starts nothing and throws `operation_aborted`.
+  ///
+  /// @code
+  /// while (std::optional<job> j = co_await jobs.get())      // a sluice::queue
+  ///   if (!co_await g.spawn_when_ready(run_job(*j))) break;  // at most `limit` jobs taken
+  /// @endcode
+  [[nodiscard]] asio::awaitable<bool> spawn_when_ready(asio::awaitable<void> child) {
+    affinity_.check("sluice::task_group");
+    const auto state = co_await asio::this_coro::cancellation_state;
+    if (state.cancelled() != asio::cancellation_type::none)
+      throw system_error(asio::error::operation_aborted, "sluice::task_group::spawn_when_ready");
+    if (!accepting()) co_return false;
+    if (running_ < limit_ && waiting_.empty() && ready_.empty()) {
+      start(std::move(child));
+      co_return true;
+    }
+    co_return co_await wait_ready(std::move(child));
   }
 
   /// Children accepted and not yet finished: running plus waiting for a slot.
@@ -135,8 +227,11 @@ class task_group : public std::enable_shared_from_this<task_group> {
   [[nodiscard]] std::size_t running() const noexcept { return running_; }
   /// The bound on running children (`SIZE_MAX` when unbounded).
   [[nodiscard]] std::size_t limit() const noexcept { return limit_; }
-  /// True once the group has begun to stop: `spawn` then starts nothing.
-  [[nodiscard]] bool stopping() const noexcept { return stopping_; }
+  /// True once the group has begun to stop (a failure, a cancellation, a
+  /// stop request): `spawn` then starts nothing.
+  [[nodiscard]] bool stopping() const noexcept { return stopping_ || draining_; }
+  /// Producers waiting in `spawn_when_ready`.
+  [[nodiscard]] std::size_t producers_waiting() const noexcept { return ready_.size(); }
 
   /// Made only by `run`.
   task_group(key, asio::any_io_executor ex, std::size_t limit) : ex_(std::move(ex)), limit_(limit) {
@@ -160,14 +255,32 @@ class task_group : public std::enable_shared_from_this<task_group> {
     void operator()(std::exception_ptr e) const { self->on_done(it, e); }
   };
 
+  static void check_limit(std::size_t limit) {
+    if (limit == 0)
+      throw std::invalid_argument("sluice::task_group::run: limit must be at least 1 (got 0)");
+  }
+
+  // Detaches the group from its stop_source on every way out of run_impl.
+  struct stop_registration {
+    task_group& g;
+    ~stop_registration() { g.detach(); }
+  };
+
   template <class Body>
-  static asio::awaitable<void> run_impl(std::size_t limit, Body body) {
+  static asio::awaitable<void> run_impl(std::size_t limit, Body body, stop_source* stop,
+                                        hooks_ptr progress) {
     // A caller cancelled before the call starts nothing.
     auto caller = co_await asio::this_coro::cancellation_state;
     if (caller.cancelled() != asio::cancellation_type::none)
       throw system_error(asio::error::operation_aborted,
                          "sluice::task_group: cancelled before start");
+    // Stopped before it started: nothing to do.
+    if (stop != nullptr && stop->stop_requested()) co_return;
     auto g = std::make_shared<task_group>(key{}, co_await asio::this_coro::executor, limit);
+    g->progress_ = std::move(progress);
+    if (g->progress_) g->progress_->begin(g->ex_);
+    stop_registration registration{*g};
+    if (stop != nullptr) g->attach(*stop);
     try {
       g->launch(body(*g), true);
     } catch (...) {
@@ -185,17 +298,136 @@ class task_group : public std::enable_shared_from_this<task_group> {
     error_code ec;
     auto join_token = asio::redirect_error(asio::use_awaitable, ec);
     co_await g->async_join(join_token);
+    g->detach();      // no stop request reaches a group that has finished
+    if (g->grace_) {  // a grace timer may still wait: end it and wait for it
+      error_code grace_ec;
+      auto grace_token = asio::redirect_error(asio::use_awaitable, grace_ec);
+      g->grace_->cancel_all();
+      co_await g->grace_->async_join(g->ex_, grace_token);
+    }
     co_await asio::this_coro::throw_if_cancelled(throw_if_cancelled);
+    if (g->progress_) g->progress_->finish();
     if (g->first_error_) std::rethrow_exception(g->first_error_);
     if (ec) throw system_error(ec, "sluice::task_group");
+    if (g->progress_)
+      if (auto e = g->progress_->error()) std::rethrow_exception(e);
   }
 
-  void start(asio::awaitable<void> child) { launch(std::move(child), false); }
+  [[nodiscard]] bool accepting() const noexcept { return !stopping_ && !draining_; }
+
+  // A producer in spawn_when_ready: its child (not started) and its handler.
+  struct ready_waiter {
+    asio::awaitable<void> child;
+    detail::erased_handler<error_code, bool> handler;
+  };
+  using ready_iter = std::list<ready_waiter>::iterator;
+
+  asio::awaitable<bool> wait_ready(asio::awaitable<void> child) {
+    return asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code, bool)>(
+        [this](auto handler, asio::awaitable<void> c) {
+          ready_.push_back(ready_waiter{std::move(c), {}});
+          auto it = std::prev(ready_.end());
+          auto slot = asio::get_associated_cancellation_slot(handler);
+          if (slot.is_connected()) {
+            slot.assign([this, it](asio::cancellation_type type) {
+              if (type == asio::cancellation_type::none) return;
+              // Not granted yet (a granted waiter's slot is cleared first):
+              // remove it. The handler is completed from a post, never from
+              // inside its own slot's handler.
+              auto h = std::move(it->handler);
+              ready_.erase(it);  // the child is destroyed unstarted
+              asio::post(ex_, [h = std::move(h)]() mutable {
+                h.complete(asio::error::operation_aborted, false);
+              });
+            });
+          }
+          it->handler = detail::erased_handler<error_code, bool>(std::move(handler), ex_);
+        },
+        asio::use_awaitable, std::move(child));
+  }
+
+  // Resumes every waiting producer with false; their children never start.
+  void refuse_ready() {
+    auto refused = std::move(ready_);
+    ready_.clear();
+    for (auto& w : refused) w.handler.complete(error_code(), false);
+  }
+
+  // Fills free slots: queued children first, then waiting producers.
+  void fill_slots() {
+    while (accepting() && running_ < limit_ && !waiting_.empty()) {
+      auto next = std::move(waiting_.front());
+      waiting_.pop_front();
+      start(std::move(next));
+    }
+    while (accepting() && running_ < limit_ && waiting_.empty() && !ready_.empty()) {
+      auto w = std::move(ready_.front());
+      ready_.pop_front();
+      w.handler.complete(error_code(), true);  // clears its slot, posts
+      start(std::move(w.child));
+    }
+  }
+
+  // stop_source::request: stop accepting, drop what waits, cancel the body,
+  // give the running children `grace`.
+  void on_stop_requested(clock::duration grace) override {
+    if (stopping_) return;  // already cancelling everything
+    if (!draining_) {
+      draining_ = true;
+      quiet_abort_ = true;
+      auto dropped = std::move(waiting_);  // never started
+      waiting_.clear();
+      if (progress_) progress_->waiting(0);
+      refuse_ready();
+      if (body_) (*body_)->signal.emit(asio::cancellation_type::terminal);
+    }
+    if (running_ == 0) return;
+    if (grace <= clock::duration::zero()) {
+      stop();
+      return;
+    }
+    const auto deadline = sluice::now(ex_) + grace;
+    if (grace_deadline_ && *grace_deadline_ <= deadline) return;
+    grace_deadline_ = deadline;
+    if (!grace_) {
+      grace_ = std::make_shared<detail::child_set>();
+    } else {
+      grace_->cancel_all();  // a shorter grace replaces the running timer
+    }
+    grace_->spawn(ex_, grace_timer(shared_from_this(), deadline));
+  }
+
+  static asio::awaitable<void> grace_timer(std::shared_ptr<task_group> g,
+                                           clock::time_point deadline) {
+    try {
+      co_await detail::wait_until(g->ex_, detail::find_virtual_clock(g->ex_), deadline);
+    } catch (...) {
+      co_return;  // the group finished first, or a shorter grace replaced it
+    }
+    g->stop();
+  }
+
+  static bool is_aborted(const std::exception_ptr& e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const system_error& x) {
+      return x.code() == asio::error::operation_aborted;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  // Counted before it runs: a child that ends without suspending ends inside launch().
+  void start(asio::awaitable<void> child) {
+    if (progress_) progress_->started(waiting_.size());
+    launch(std::move(child), false);
+  }
 
   void launch(asio::awaitable<void> a, bool is_body) {
     nodes_.emplace_back();
     auto it = std::prev(nodes_.end());
     it->is_body = is_body;
+    if (is_body) body_ = it;
     if (!is_body) ++running_;
     asio::co_spawn(
         ex_, std::move(a),
@@ -209,6 +441,7 @@ class task_group : public std::enable_shared_from_this<task_group> {
     stopping_ = true;
     auto dropped = std::move(waiting_);  // destroyed unstarted at scope exit
     waiting_.clear();
+    refuse_ready();
     for (auto it = nodes_.begin(); it != nodes_.end();) {
       auto next = std::next(it);
       it->signal.emit(asio::cancellation_type::terminal);
@@ -223,20 +456,25 @@ class task_group : public std::enable_shared_from_this<task_group> {
   }
 
   void fail(std::exception_ptr e) {
+    // What a stop request cancelled ends with operation_aborted: not an error.
+    if (quiet_abort_ && is_aborted(e)) return;
     if (!first_error_ && !parent_cancelled_) first_error_ = std::move(e);
     stop();
   }
 
   void on_done(node_iter it, std::exception_ptr e) {
     it->signal.slot().clear();
-    if (!it->is_body) --running_;
-    nodes_.erase(it);
-    if (e) fail(std::move(e));
-    while (!stopping_ && running_ < limit_ && !waiting_.empty()) {
-      auto next = std::move(waiting_.front());
-      waiting_.pop_front();
-      start(std::move(next));
+    const bool child = !it->is_body;
+    if (child) {
+      --running_;
+    } else {
+      body_.reset();
     }
+    nodes_.erase(it);
+    if (child && progress_) progress_->ended(e != nullptr, waiting_.size(), false);
+    if (e) fail(std::move(e));
+    fill_slots();
+    if (child && progress_) progress_->tick();  // after the freed slot was refilled
     if (nodes_.empty() && joiner_) {
       joiner_.complete(parent_cancelled_ ? error_code(asio::error::operation_aborted)
                                          : error_code());
@@ -271,8 +509,15 @@ class task_group : public std::enable_shared_from_this<task_group> {
   std::size_t limit_;
   std::list<node> nodes_;                      // the body and the running children
   std::deque<asio::awaitable<void>> waiting_;  // accepted, not started (FIFO)
+  std::list<ready_waiter> ready_;              // producers in spawn_when_ready (FIFO)
+  std::optional<node_iter> body_;              // the body's node while it runs
   std::size_t running_ = 0;                    // running children (not the body)
-  bool stopping_ = false;
+  bool stopping_ = false;                      // cancelling everything
+  bool draining_ = false;                      // a stop request: no new children
+  bool quiet_abort_ = false;                   // operation_aborted is not a failure
+  std::optional<clock::time_point> grace_deadline_;
+  std::shared_ptr<detail::child_set> grace_;  // the grace timer, once a stop asked for one
+  hooks_ptr progress_;
   bool parent_cancelled_ = false;
   std::exception_ptr first_error_;
   detail::erased_handler<error_code> joiner_;

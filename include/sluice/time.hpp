@@ -15,20 +15,9 @@ namespace sluice {
 /// The clock of every sluice wait on time. In production this is
 /// `std::chrono::steady_clock`; under `sluice::testing::virtual_loop` the same
 /// type carries virtual time.
-using clock = std::chrono::steady_clock;
+using clock = detail::clock;  // std::chrono::steady_clock
 
 namespace detail {
-
-inline virtual_clock_service* find_virtual_clock(asio::execution_context& ctx) {
-  return asio::has_service<virtual_clock_service>(ctx)
-             ? &asio::use_service<virtual_clock_service>(ctx)
-             : nullptr;
-}
-
-template <class Executor>
-virtual_clock_service* find_virtual_clock(const Executor& ex) {
-  return find_virtual_clock(asio::query(ex, asio::execution::context_as<asio::execution_context&>));
-}
 
 // One virtual sleep: a node in the virtual clock's heap that owns the handler.
 template <class Handler, class Executor>
@@ -151,7 +140,9 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
 }
 
 /// Waits for `duration` on the clock of the awaiting coroutine's executor (see
-/// `sleep_until`). A zero or negative duration still yields once to the loop.
+/// `sleep_until`). A zero or negative duration still yields once to the loop;
+/// a deadline past the clock's range saturates (`clock::duration::max()`
+/// sleeps until cancelled).
 ///
 /// @code
 /// co_await sluice::sleep(std::chrono::milliseconds(200));
@@ -160,7 +151,8 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
   auto ex = co_await asio::this_coro::executor;
   auto* v = detail::find_virtual_clock(ex);
   // Computed outside the co_await: g++ 12 miscompiles a ?: in a co_await operand.
-  const clock::time_point deadline = (v ? v->now() : clock::now()) + duration;
+  // Saturated: sleep(clock::duration::max()) sleeps forever, it does not wrap.
+  const clock::time_point deadline = detail::add_saturating(v ? v->now() : clock::now(), duration);
   co_await detail::wait_until(ex, v, deadline);
 }
 

@@ -138,10 +138,8 @@ asio::awaitable<void, Executor> run_until(asio::awaitable<void, Executor> body,
 
 template <class Executor>
 clock::time_point deadline_after(const Executor& ex, clock::duration d) {
-  const clock::time_point now = sluice::now(ex);
   // Saturate instead of overflowing for "forever" budgets.
-  if (d > clock::time_point::max() - now) return clock::time_point::max();
-  return now + d;
+  return add_saturating(sluice::now(ex), d);
 }
 
 }  // namespace detail

@@ -3,6 +3,7 @@
 #define SLUICE_DETAIL_AFFINITY_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/loop_service.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <typeinfo>
@@ -49,6 +51,11 @@ namespace sluice::detail {
 // the loop's thread left run_for()/poll() with work still pending (rule 3).
 // Destructors and the const diagnostics are not checked.
 //
+// The loop is known only while its io_context lives: a hook on the context's
+// loop_service forgets it (and the strand copy) at the context's shutdown, so
+// a primitive may outlive its loop and serve the next one, which it then
+// learns as above.
+//
 // All state is atomic; the check itself is ThreadSanitizer-clean.
 class affinity {
  public:
@@ -73,7 +80,16 @@ class affinity {
   };
 #endif
 
+#if SLUICE_AFFINITY_CHECKS
+  affinity() noexcept {
+    hook_.self = this;
+  }
+  ~affinity() {
+    if (life_) life_->detach(hook_);
+  }
+#else
   affinity() = default;
+#endif
   affinity(const affinity&) = delete;
   affinity& operator=(const affinity&) = delete;
 
@@ -86,8 +102,10 @@ class affinity {
     describe(ex, ctx, strand);
     if (ctx == nullptr) return;
     asio::io_context* known = nullptr;
-    if (!ctx_.compare_exchange_strong(known, ctx, std::memory_order_acq_rel) && known != ctx) {
-      return;  // a strand of another loop says nothing about ours
+    if (!ctx_.compare_exchange_strong(known, ctx, std::memory_order_acq_rel)) {
+      if (known != ctx) return;  // a strand of another loop says nothing about ours
+    } else {
+      watch(*ctx);
     }
     if (strand == nullptr) return;
     unsigned char state = strand_none;
@@ -171,6 +189,28 @@ class affinity {
     return token;
   }
 
+  // Learns of the end of `ctx` (just bound by this thread's compare-exchange).
+  void watch(asio::io_context& ctx) noexcept {
+    try {
+      auto life = loop_service::life_of(ctx);
+      if (life_) life_->detach(hook_);
+      life_ = std::move(life);
+      life_->attach(hook_);
+    } catch (...) {
+      // No service (out of memory): the loop is kept, as before there was one.
+    }
+  }
+
+  // At the loop's shutdown: forget it, and drop the strand copy while the
+  // strand's service still lives.
+  static void on_loop_end(loop_hook* h) noexcept {
+    affinity* a = static_cast<hook*>(h)->self;
+    a->strand_state_.store(strand_none, std::memory_order_release);
+    a->strand_.reset();
+    a->loop_thread_.store(0, std::memory_order_release);
+    a->ctx_.store(nullptr, std::memory_order_release);
+  }
+
   void leave() noexcept {
     if (--depth_ == 0) inside_.store(0, std::memory_order_release);
   }
@@ -220,7 +260,14 @@ class affinity {
 #endif
   }
 
+  struct hook : loop_hook {
+    hook() noexcept { on_end = &on_loop_end; }
+    affinity* self = nullptr;
+  };
+
   std::atomic<asio::io_context*> ctx_{nullptr};
+  std::shared_ptr<loop_life> life_;  // of ctx_'s context; written by the thread that bound it
+  hook hook_;
   std::atomic<unsigned char> strand_state_{strand_none};
   std::optional<io_strand> strand_;             // written once, before strand_state_ = ready
   std::atomic<std::uintptr_t> loop_thread_{0};  // last thread that called from inside the loop

@@ -291,6 +291,13 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     --live_;
     notify_consumer();
   }
+  // True for the one worker still in its loop (about to leave).
+  [[nodiscard]] bool last_worker() const noexcept { return live_ == 1; }
+  // An error of the stream's own machinery (a progress report that threw):
+  // next() rethrows it at the end unless a failure came first.
+  void report_error(std::exception_ptr e) {
+    if (!error_) error_ = std::move(e);
+  }
 
   std::shared_ptr<child_set>& children() noexcept { return children_; }
   const Executor& executor() const noexcept { return *ex_; }

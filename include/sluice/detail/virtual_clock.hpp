@@ -14,7 +14,20 @@
 
 namespace sluice::detail {
 
+// The clock of every sluice wait on time (sluice::clock, declared public in
+// <sluice/time.hpp>, is the same type). It lives here, below everything in
+// detail/ that reads the time, so detail/ never includes upward.
 using clock = std::chrono::steady_clock;
+
+// t + d, clamped to the clock's range instead of overflowing: a duration of
+// clock::duration::max() means "forever", not "at once".
+constexpr clock::time_point add_saturating(clock::time_point t, clock::duration d) noexcept {
+  if (d > clock::duration::zero() && t > clock::time_point::max() - d)
+    return clock::time_point::max();
+  if (d < clock::duration::zero() && t < clock::time_point::min() - d)
+    return clock::time_point::min();
+  return t + d;
+}
 
 // A pending virtual timer. It lives inside its operation; `fire` completes
 // (invoke = true) or destroys (invoke = false) the operation.
@@ -118,6 +131,18 @@ class virtual_clock_service final : public asio::execution_context::service {
   std::uint64_t next_seq_ = 0;
   std::vector<virtual_timer_node*> heap_;
 };
+
+// The virtual clock of `ctx`, or null when it runs on the steady clock.
+inline virtual_clock_service* find_virtual_clock(asio::execution_context& ctx) {
+  return asio::has_service<virtual_clock_service>(ctx)
+             ? &asio::use_service<virtual_clock_service>(ctx)
+             : nullptr;
+}
+
+template <class Executor>
+virtual_clock_service* find_virtual_clock(const Executor& ex) {
+  return find_virtual_clock(asio::query(ex, asio::execution::context_as<asio::execution_context&>));
+}
 
 }  // namespace sluice::detail
 
