@@ -12,7 +12,7 @@
 ///   namespace.
 /// - Boost.Asio (`SLUICE_USE_BOOST_ASIO`): includes `<boost/asio.hpp>` and
 ///   `<boost/asio/experimental/awaitable_operators.hpp>`, and declares
-///   `namespace asio = ::boost::asio;` at global scope. Do not also include
+///   `namespace asio = boost::asio;` at global scope. Do not also include
 ///   standalone Asio in such a program: both would claim the name `asio`.
 ///
 /// Opt-in, and not part of `<sluice/sluice.hpp>`: it brings in the whole of
@@ -42,6 +42,8 @@
 #if defined(SLUICE_USE_BOOST_ASIO)
 #include <boost/asio.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
+/// Boost.Asio under the name standalone Asio has, at global scope (only with
+/// `SLUICE_USE_BOOST_ASIO`; see the file comment).
 namespace asio = ::boost::asio;
 #else
 #include <asio.hpp>
