@@ -439,6 +439,146 @@ TEST_CASE("run leaves the caller's throw_if_cancelled switch as it found it", "[
   CHECK(r.second);
 }
 
+TEST_CASE("spawn_when_ready waits for a free slot instead of queueing", "[task_group]") {
+  virtual_loop loop;
+  census c;
+  std::vector<nanoseconds> accepted;
+  std::size_t most_held = 0;
+  loop.run(task_group::run(2, [&](task_group& g) -> asio::awaitable<void> {
+    for (int i = 0; i < 5; ++i) {
+      const bool ok = co_await g.spawn_when_ready(sleeper(c, 1s));
+      CHECK(ok);
+      accepted.push_back(loop.now());
+      most_held = std::max(most_held, g.size());
+    }
+  }));
+  // Slots free at 1 s (two) and 2 s (two): nothing ever waits in the group.
+  CHECK(accepted == std::vector<nanoseconds>{0s, 0s, 1s, 1s, 2s});
+  CHECK(most_held == 2);
+  CHECK(c.started == 5);
+  CHECK(c.alive() == 0);
+  CHECK(loop.now() == 3s);
+}
+
+TEST_CASE("spawn_when_ready serves children queued by spawn first, then producers in order",
+          "[task_group]") {
+  virtual_loop loop;
+  std::vector<std::string> order;
+  auto named = [&](std::string name) {
+    return [](std::vector<std::string>& o, std::string n) -> asio::awaitable<void> {
+      o.push_back(n);
+      co_await sluice::sleep(1s);
+    }(order, std::move(name));
+  };
+  loop.run(task_group::run(2, [&](task_group& g) -> asio::awaitable<void> {
+    g.spawn(named("a"));
+    g.spawn(named("b"));
+    g.spawn(named("c"));  // queued
+    const bool ok = co_await g.spawn_when_ready(named("p"));
+    CHECK(ok);
+    CHECK(loop.now() == 1s);
+  }));
+  CHECK(order == std::vector<std::string>{"a", "b", "c", "p"});
+  CHECK(loop.now() == 2s);
+}
+
+TEST_CASE("a cancelled spawn_when_ready starts nothing and loses no slot", "[task_group]") {
+  virtual_loop loop;
+  census c;
+  bool a_ran = false;
+  nanoseconds b_started{-1};
+  loop.run(task_group::run(2, [&](task_group& g) -> asio::awaitable<void> {
+    g.spawn(sleeper(c, 1s));
+    g.spawn(sleeper(c, 2s));
+    auto a = [](bool& ran) -> asio::awaitable<void> {
+      ran = true;
+      co_return;
+    }(a_ran);
+    bool timed_out = false;
+    try {
+      co_await sluice::with_timeout(500ms, g.spawn_when_ready(std::move(a)));
+    } catch (const sluice::timeout_error&) {
+      timed_out = true;
+    }
+    CHECK(timed_out);
+    CHECK(g.producers_waiting() == 0);
+    auto b = [](virtual_loop& l, nanoseconds& at) -> asio::awaitable<void> {
+      at = l.now();
+      co_return;
+    }(loop, b_started);
+    const bool ok = co_await g.spawn_when_ready(std::move(b));
+    CHECK(ok);
+  }));
+  CHECK(!a_ran);
+  CHECK(b_started == 1s);  // the slot freed at 1 s went to the next producer
+  CHECK(c.alive() == 0);
+}
+
+TEST_CASE("spawn_when_ready returns false once the group stops, its child never started",
+          "[task_group]") {
+  virtual_loop loop;
+  census c;
+  bool ran = false;
+  std::optional<bool> waiting_result;
+  CHECK_THROWS_WITH(loop.run(task_group::run(2,
+                                             [&](task_group& g) -> asio::awaitable<void> {
+                                               g.spawn(sleeper(c, 10s));
+                                               g.spawn([]() -> asio::awaitable<void> {
+                                                 co_await sluice::sleep(1s);
+                                                 throw std::runtime_error("child failed");
+                                               }());
+                                               auto t = [](bool& r) -> asio::awaitable<void> {
+                                                 r = true;
+                                                 co_return;
+                                               }(ran);
+                                               waiting_result =
+                                                   co_await g.spawn_when_ready(std::move(t));
+                                             })),
+                    "child failed");
+  CHECK(!ran);
+  CHECK(waiting_result == false);
+  CHECK(c.alive() == 0);
+  CHECK(loop.now() == 1s);
+}
+
+TEST_CASE("spawn_when_ready from a caller cancelled before the call starts nothing",
+          "[task_group]") {
+  virtual_loop loop;
+  bool ran = false;
+  bool threw = false;
+  bool producer_done = false;
+  asio::cancellation_signal cancel;
+  loop.run(task_group::run(1, [&](task_group& g) -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    // A producer of our own, cancelled (terminal) before it calls; it keeps
+    // running because it turned throw_if_cancelled off.
+    asio::co_spawn(
+        ex,
+        [&]() -> asio::awaitable<void> {
+          co_await asio::this_coro::throw_if_cancelled(false);
+          try {
+            co_await sluice::sleep(1h);
+          } catch (const sluice::system_error&) {
+          }
+          auto child = [](bool& r) -> asio::awaitable<void> {
+            r = true;
+            co_return;
+          }(ran);
+          try {
+            co_await g.spawn_when_ready(std::move(child));
+          } catch (const sluice::system_error& e) {
+            threw = e.code() == asio::error::operation_aborted;
+          }
+        },
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr) { producer_done = true; }));
+    co_await sluice::sleep(1s);
+    cancel.emit(asio::cancellation_type::terminal);
+    while (!producer_done) co_await sluice::sleep(1s);
+  }));
+  CHECK(threw);
+  CHECK(!ran);
+}
+
 TEST_CASE(
     "a child that cancels the caller while spawn starts it stops the group at once, not after "
     "the child's hour",
@@ -504,143 +644,4 @@ TEST_CASE("a body that cancels its caller and ends at once still makes run throw
       }));
   loop.run_for(1s);
   CHECK(how == "aborted");
-
-  TEST_CASE("spawn_when_ready waits for a free slot instead of queueing", "[task_group]") {
-    virtual_loop loop;
-    census c;
-    std::vector<nanoseconds> accepted;
-    std::size_t most_held = 0;
-    loop.run(task_group::run(2, [&](task_group& g) -> asio::awaitable<void> {
-      for (int i = 0; i < 5; ++i) {
-        const bool ok = co_await g.spawn_when_ready(sleeper(c, 1s));
-        CHECK(ok);
-        accepted.push_back(loop.now());
-        most_held = std::max(most_held, g.size());
-      }
-    }));
-    // Slots free at 1 s (two) and 2 s (two): nothing ever waits in the group.
-    CHECK(accepted == std::vector<nanoseconds>{0s, 0s, 1s, 1s, 2s});
-    CHECK(most_held == 2);
-    CHECK(c.started == 5);
-    CHECK(c.alive() == 0);
-    CHECK(loop.now() == 3s);
-  }
-
-  TEST_CASE("spawn_when_ready serves children queued by spawn first, then producers in order",
-            "[task_group]") {
-    virtual_loop loop;
-    std::vector<std::string> order;
-    auto named = [&](std::string name) {
-      return [](std::vector<std::string>& o, std::string n) -> asio::awaitable<void> {
-        o.push_back(n);
-        co_await sluice::sleep(1s);
-      }(order, std::move(name));
-    };
-    loop.run(task_group::run(2, [&](task_group& g) -> asio::awaitable<void> {
-      g.spawn(named("a"));
-      g.spawn(named("b"));
-      g.spawn(named("c"));  // queued
-      const bool ok = co_await g.spawn_when_ready(named("p"));
-      CHECK(ok);
-      CHECK(loop.now() == 1s);
-    }));
-    CHECK(order == std::vector<std::string>{"a", "b", "c", "p"});
-    CHECK(loop.now() == 2s);
-  }
-
-  TEST_CASE("a cancelled spawn_when_ready starts nothing and loses no slot", "[task_group]") {
-    virtual_loop loop;
-    census c;
-    bool a_ran = false;
-    nanoseconds b_started{-1};
-    loop.run(task_group::run(2, [&](task_group& g) -> asio::awaitable<void> {
-      g.spawn(sleeper(c, 1s));
-      g.spawn(sleeper(c, 2s));
-      auto a = [](bool& ran) -> asio::awaitable<void> {
-        ran = true;
-        co_return;
-      }(a_ran);
-      bool timed_out = false;
-      try {
-        co_await sluice::with_timeout(500ms, g.spawn_when_ready(std::move(a)));
-      } catch (const sluice::timeout_error&) {
-        timed_out = true;
-      }
-      CHECK(timed_out);
-      CHECK(g.producers_waiting() == 0);
-      auto b = [](virtual_loop& l, nanoseconds& at) -> asio::awaitable<void> {
-        at = l.now();
-        co_return;
-      }(loop, b_started);
-      const bool ok = co_await g.spawn_when_ready(std::move(b));
-      CHECK(ok);
-    }));
-    CHECK(!a_ran);
-    CHECK(b_started == 1s);  // the slot freed at 1 s went to the next producer
-    CHECK(c.alive() == 0);
-  }
-
-  TEST_CASE("spawn_when_ready returns false once the group stops, its child never started",
-            "[task_group]") {
-    virtual_loop loop;
-    census c;
-    bool ran = false;
-    std::optional<bool> waiting_result;
-    CHECK_THROWS_WITH(loop.run(task_group::run(2,
-                                               [&](task_group& g) -> asio::awaitable<void> {
-                                                 g.spawn(sleeper(c, 10s));
-                                                 g.spawn([]() -> asio::awaitable<void> {
-                                                   co_await sluice::sleep(1s);
-                                                   throw std::runtime_error("child failed");
-                                                 }());
-                                                 auto t = [](bool& r) -> asio::awaitable<void> {
-                                                   r = true;
-                                                   co_return;
-                                                 }(ran);
-                                                 waiting_result =
-                                                     co_await g.spawn_when_ready(std::move(t));
-                                               })),
-                      "child failed");
-    CHECK(!ran);
-    CHECK(waiting_result == false);
-    CHECK(c.alive() == 0);
-    CHECK(loop.now() == 1s);
-  }
-
-  TEST_CASE("spawn_when_ready from a caller cancelled before the call starts nothing",
-            "[task_group]") {
-    virtual_loop loop;
-    bool ran = false;
-    bool threw = false;
-    bool producer_done = false;
-    asio::cancellation_signal cancel;
-    loop.run(task_group::run(1, [&](task_group& g) -> asio::awaitable<void> {
-      auto ex = co_await asio::this_coro::executor;
-      // A producer of our own, cancelled (terminal) before it calls; it keeps
-      // running because it turned throw_if_cancelled off.
-      asio::co_spawn(
-          ex,
-          [&]() -> asio::awaitable<void> {
-            co_await asio::this_coro::throw_if_cancelled(false);
-            try {
-              co_await sluice::sleep(1h);
-            } catch (const sluice::system_error&) {
-            }
-            auto child = [](bool& r) -> asio::awaitable<void> {
-              r = true;
-              co_return;
-            }(ran);
-            try {
-              co_await g.spawn_when_ready(std::move(child));
-            } catch (const sluice::system_error& e) {
-              threw = e.code() == asio::error::operation_aborted;
-            }
-          },
-          sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr) { producer_done = true; }));
-      co_await sluice::sleep(1s);
-      cancel.emit(asio::cancellation_type::terminal);
-      while (!producer_done) co_await sluice::sleep(1s);
-    }));
-    CHECK(threw);
-    CHECK(!ran);
-  }
+}
