@@ -425,3 +425,48 @@ TEST_CASE("4 processes x 16 coroutines, random cancellation, CLIENT KILL every 1
       }(),
       40s);
 }
+
+TEST_CASE("a holder whose entry is gone does not re-claim ahead of a queued waiter; lost once",
+          "[redis_semaphore]") {
+  const auto& server = sluice_test::shared_redis_server();
+  asio::io_context ctx;
+  run_for(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        auto a = co_await connect_to(server.port());
+        auto b = co_await connect_to(server.port());
+        sluice::redis::semaphore sa{a, "reclaim", 1, 300ms};
+        // B polls rarely: only a release announcement wakes it in time.
+        sluice::redis::semaphore sb{b, "reclaim", 1, 300ms, {5000ms, 20000ms}};
+        auto p = co_await sa.scoped_acquire();
+        bool b_got = false;
+        asio::co_spawn(
+            co_await asio::this_coro::executor,
+            [&]() -> asio::awaitable<void> {
+              co_await sb.acquire();
+              b_got = true;
+            },
+            asio::detached);
+        for (int i = 0;
+             i < 200 && (co_await a->execute("ZCARD", sa.key_prefix() + "queue")).integer < 1; ++i)
+          co_await sleep_ms(5);
+        // A's entry vanishes on the server (as after an expiry A did not see).
+        const auto holders = co_await a->execute("ZRANGE", sa.key_prefix() + "holders", "0", "-1");
+        REQUIRE(holders.elements.size() == 1);
+        co_await a->execute("ZREM", sa.key_prefix() + "holders", holders.elements[0].str);
+        for (int i = 0; i < 300 && !b_got; ++i) co_await sleep_ms(10);
+        CHECK(b_got);  // A's next renewal found its entry gone: lost, not re-claimed
+        CHECK(p.lost());
+        co_await sleep_ms(400);  // more renewal ticks
+        CHECK(sa.lost() == 1);
+        CHECK(sa.held() == 0);
+        CHECK(sb.held() == 1);
+        sb.release();
+        p.reset();
+        co_await sa.close();
+        co_await sb.close();
+        co_await a->close();
+        co_await b->close();
+      }(),
+      20s);
+}
