@@ -29,7 +29,7 @@
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 
-#include <support/asio.hpp>
+#include <sluice/asio.hpp>
 
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/signal_set.hpp>

@@ -181,15 +181,15 @@ class keyed_rate_limiter {
     return it->second;
   }
 
-  // After a use of `e`: free it if idle, else (re)queue it by the instant its
-  // window empties.
-  void settle(entry& e, clock::time_point now) {
+  // After a use of `e`: free it if idle (returns true: `e` is gone), else
+  // (re)queue it by the instant its window empties.
+  bool settle(entry& e, clock::time_point now) {
     unlink(e);
     if (e.users == 0 && e.core.waiters() == 0 && e.core.policy().idle(now)) {
       entries_.erase(entries_.find(*e.key));
-      return;
+      return true;
     }
-    if (e.users != 0) return;  // re-queued when its last user leaves
+    if (e.users != 0) return false;  // re-queued when its last user leaves
     e.expires = e.core.policy().idle_at();
     entry* after = tail_;
     while (after != nullptr && after->expires > e.expires) after = after->prev;
@@ -198,6 +198,7 @@ class keyed_rate_limiter {
     (e.next ? e.next->prev : tail_) = &e;
     (after ? after->next : head_) = &e;
     e.linked = true;
+    return false;
   }
 
   void unlink(entry& e) noexcept {
@@ -208,9 +209,16 @@ class keyed_rate_limiter {
     e.linked = false;
   }
 
-  // Frees every queued entry whose window has emptied by `now`.
+  // Frees every queued entry whose window has emptied by `now`. An entry
+  // queued again at or before `now` would have a window that is not empty at
+  // its own idle_at() (idle() and idle_at() disagreeing on the boundary
+  // instant): it is left queued rather than swept forever.
   void sweep(clock::time_point now) {
-    while (head_ != nullptr && head_->expires <= now) settle(*head_, now);
+    while (head_ != nullptr && head_->expires <= now) {
+      entry& e = *head_;
+      if (settle(e, now)) continue;
+      if (e.linked && e.expires <= now) break;
+    }
   }
 
   asio::any_io_executor ex_;
