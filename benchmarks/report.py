@@ -540,7 +540,7 @@ def plot_ns(t, out):
           ("Asio: workers + channel", "mu_channel_pool/{k}/64", "asio"),
           ("lazy floor", "mu_floor_lazy/{k}/64", "floor"),
           ("asyncio wait(FIRST_COMPLETED)", "asyncio_map_unordered/{k}/64", "asyncio")]),
-        ("peers (make bench-peers), limit 100, 100k tasks; Python 20k",
+        ("make bench-peers, limit 100",
          [("sluice gather_with_concurrency", "peers:sluice/fanout/{k}", "sluice"),
           ("sluice, io_context UNSAFE hint", "peers:sluice_unsafe/fanout/{k}", "sluice"),
           ("Asio floor", "peers:floor/fanout/{k}", "floor"),

@@ -17,7 +17,7 @@
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 
-#include <support/asio.hpp>
+#include <sluice/asio.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -14,7 +14,7 @@
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 
-#include <support/asio.hpp>
+#include <sluice/asio.hpp>
 
 #include <chrono>
 #include <cstddef>

@@ -19,7 +19,7 @@
 #include <sluice/time.hpp>
 #include <sluice/to_thread.hpp>
 
-#include <support/asio.hpp>
+#include <sluice/asio.hpp>
 
 #include <algorithm>
 #include <atomic>

@@ -522,6 +522,44 @@ TEST_CASE("guide: a stream read by hand is closed before it goes out of scope", 
   CHECK(api.in_flight() == 0);
 }
 
+namespace {
+struct job {
+  std::string name;
+  std::chrono::nanoseconds t;
+};
+}  // namespace
+
+TEST_CASE("guide: g++ 12's safe spelling names a value before the co_await that takes it",
+          "[asyncio_guide]") {
+  // The unsafe spelling, co_await jobs.put(job{...}), double-frees the
+  // temporary's string on g++ 12 (clang is fine): this is the regression
+  // test of the spelling the guide and the README recommend.
+  virtual_loop loop;
+  sluice::queue<job> jobs{4};
+  std::vector<std::string> got;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto producer = [&]() -> asio::awaitable<void> {
+      for (int id = 0; id < 100; ++id) {
+        job j{"job-" + std::to_string(id) + "-with-a-name-longer-than-sso", 2s};
+        co_await jobs.put(std::move(j));  // not: co_await jobs.put(job{...});
+      }
+    };
+    auto consumer = [&]() -> asio::awaitable<void> {
+      for (int id = 0; id < 100; ++id) {
+        job j = co_await jobs.get();
+        got.push_back(std::move(j.name));
+      }
+    };
+    auto p = producer();
+    auto c = consumer();
+    co_await sluice::gather(std::move(p), std::move(c));
+  }());
+  REQUIRE(got.size() == 100);
+  for (int id = 0; id < 100; ++id)
+    CHECK(got[static_cast<std::size_t>(id)] ==
+          "job-" + std::to_string(id) + "-with-a-name-longer-than-sso");
+}
+
 // ---- the guide cannot rot ------------------------------------------------
 
 namespace {

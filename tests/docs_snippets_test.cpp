@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -550,4 +551,44 @@ report r = co_await reports.run(account, fetch);
   CHECK(seen_keys == 1);
   CHECK(got == std::vector<std::string>{"acme"});
   CHECK(api.calls() == 1);
+}
+
+// ---- docs/operating.md --------------------------------------------------------
+
+namespace {
+
+struct metric_sink {
+  std::map<std::string, double> values;
+  void gauge(const std::string& name, double v) { values[name] = v; }
+};
+
+}  // namespace
+
+TEST_CASE("operating.md: a limit's stats exported as gauges", "[docs]") {
+  virtual_loop loop;
+  slow_service api({.latency = latency::fixed(1s)});
+  metric_sink metrics;
+  loop.run([&]() -> asio::awaitable<void> {
+    sluice::semaphore backend{4};
+    auto call = [&](std::string key) -> asio::awaitable<void> {
+      auto permit = co_await backend.scoped_acquire();
+      co_await api.call(key);
+    };
+    std::vector<asio::awaitable<void>> calls;
+    for (int i = 0; i < 8; ++i) calls.push_back(call(std::to_string(i)));
+    co_await sluice::gather(std::move(calls));
+    // clang-format off
+sluice::stats s = backend.stats();
+metrics.gauge("in_use", s.in_use);          // == s.limit while s.waiting > 0: the cap sets the pace
+metrics.gauge("waiting", s.waiting);
+metrics.gauge("wait_p99_seconds", std::chrono::duration<double>(s.wait.p99).count());
+metrics.gauge("hold_mean_seconds", std::chrono::duration<double>(s.hold.mean()).count());
+    // clang-format on
+    CHECK(s.acquired == 8);
+    CHECK(s.limit == 4);
+  }());
+  CHECK(metrics.values["in_use"] == 0);
+  CHECK(metrics.values["waiting"] == 0);
+  CHECK(metrics.values["wait_p99_seconds"] == 1.0);  // 4 calls waited 1 s (the max: exact)
+  CHECK(metrics.values["hold_mean_seconds"] == 1.0);
 }

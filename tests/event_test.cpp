@@ -147,6 +147,27 @@ TEST_CASE("event async_wait works with use_awaitable, a plain callback and use_f
   CHECK_FALSE(cb_ec);
 }
 
+TEST_CASE("async_wait on an event that is already set completes at once with every token",
+          "[event]") {
+  tasks_on_loop h;
+  sluice::event ev{h.loop.get_executor()};
+  ev.set();
+  auto& coro =
+      h.spawn([&]() -> asio::awaitable<void> { co_await ev.async_wait(asio::use_awaitable); });
+  sluice::error_code cb_ec = asio::error::would_block;
+  ev.async_wait([&](sluice::error_code ec) { cb_ec = ec; });
+  std::future<void> fut = ev.async_wait(asio::use_future);
+  CHECK(ev.waiters() == 0);                  // nobody queued: nothing waits for another set()
+  CHECK(cb_ec == asio::error::would_block);  // not inside the call: through a post
+  h.poll();
+  CHECK(coro.succeeded());
+  CHECK_FALSE(cb_ec);
+  REQUIRE(fut.wait_for(5s) == std::future_status::ready);
+  fut.get();
+  CHECK(h.loop.now() == 0s);
+  CHECK(ev.max_waiters() == 0);
+}
+
 TEST_CASE("a bare callback on an event without an executor is rejected", "[event]") {
   sluice::event ev;
   CHECK_THROWS_AS(ev.async_wait([](sluice::error_code) {}), std::invalid_argument);

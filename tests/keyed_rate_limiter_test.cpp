@@ -62,6 +62,22 @@ TEST_CASE("idle keys are freed exactly when their window empties", "[keyed_rate_
   CHECK_FALSE(per_key.try_acquire(2));
 }
 
+TEST_CASE("a start exactly one window ago has left it: the key is freed and a new start is granted",
+          "[keyed_rate_limiter]") {
+  // The window is half-open, (now - per, now]: the boundary instant is out,
+  // for the grant and for freeing the key alike (and neither hangs).
+  tasks_on_loop h;
+  sluice::keyed_rate_limiter<int> per_key{h.loop.get_executor(), 1, 1s};
+  CHECK(per_key.try_acquire(7));
+  h.loop.run_for(1s - 1ns);
+  CHECK(per_key.keys() == 1);
+  CHECK_FALSE(per_key.try_acquire(7));
+  h.loop.run_for(1ns);
+  CHECK(per_key.keys() == 0);
+  CHECK(per_key.try_acquire(7));
+  CHECK(per_key.keys() == 1);
+}
+
 TEST_CASE("ten thousand distinct keys leave nothing behind once their windows empty",
           "[keyed_rate_limiter]") {
   tasks_on_loop h;

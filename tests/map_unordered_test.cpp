@@ -594,6 +594,48 @@ TEST_CASE(
   CHECK(svc.cancellations() == 2);
 }
 
+TEST_CASE("a task that cancels its consumer as the stream starts it stops the stream at once",
+          "[map_unordered]") {
+  // The stream's first task starts while the first next() waits: the request
+  // reaches that wait (tasks never start inline inside next()).
+  for (bool throwing : {true, false}) {
+    virtual_loop loop;
+    slow_service svc({.latency = latency::fixed(1h)});
+    asio::cancellation_signal cancel;
+    std::string how;
+    nanoseconds returned_at{-1};
+    std::size_t in_flight_at_return = 99;
+    auto fn = [&](int i) -> asio::awaitable<int> {
+      if (i == 1) cancel.emit(asio::cancellation_type::terminal);
+      co_return co_await call(svc, i);
+    };
+    asio::co_spawn(
+        loop.get_executor(),
+        [&]() -> asio::awaitable<std::string> {
+          co_await asio::this_coro::throw_if_cancelled(throwing);
+          auto s = sluice::map_unordered(fn, std::vector{0, 1, 2, 3}, 2);
+          auto drain = [&]() -> asio::awaitable<void> {
+            while (co_await s.next()) {
+            }
+          };
+          std::string r = co_await sluice_test::ending_of(drain());
+          co_await asio::this_coro::throw_if_cancelled(false);
+          co_await s.close();
+          co_return r;
+        },
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr e, std::string r) {
+          how = e ? sluice_test::ending_of_exception(e) : r;
+          returned_at = loop.now();
+          in_flight_at_return = svc.in_flight();
+        }));
+    loop.run_for(2h);
+    CHECK(how == "aborted");
+    CHECK(returned_at == 0s);
+    CHECK(in_flight_at_return == 0);
+    CHECK(svc.calls() == 1);  // task 1 was cancelled before its call; 2 and 3 never started
+  }
+}
+
 // ---- 12. pipelines -------------------------------------------------------
 
 TEST_CASE("two chained stages each respect their own limit and finish at the ideal time",

@@ -291,3 +291,15 @@ TEST_CASE("a fan-out without progress keeps its state as it was", "[progress]") 
                  sizeof(sluice::detail::gather_state<tasks, false, sluice::detail::no_progress>));
   STATIC_REQUIRE(!sluice::detail::gather_state<tasks, false>::progress_type::enabled);
 }
+
+TEST_CASE("progress with the longest period reports only the end", "[progress]") {
+  virtual_loop loop;
+  recorder r;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(1s);  // the start is not at the clock's origin: t0 + every saturates
+    auto tasks = naps(std::vector<int>{100, 200});
+    co_await sluice::gather_with_concurrency(1, std::move(tasks),
+                                             record(r, sluice::clock::duration::max()));
+  });
+  CHECK(r.rows == std::vector<row>{{300, 2, 2, 2, 0, 0, 0}});
+}

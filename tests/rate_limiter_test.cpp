@@ -109,6 +109,20 @@ TEST_CASE("the k-th acquisition over the quota goes exactly when the oldest star
   CHECK(max_in_any_window(granted, 10s) == 3);
 }
 
+TEST_CASE("starts exactly one window ago have left it: try_acquire succeeds at that instant",
+          "[rate_limiter]") {
+  tasks_on_loop h;
+  sluice::rate_limiter rps{h.loop.get_executor(), 2, 1s};
+  CHECK(rps.try_acquire());
+  CHECK(rps.try_acquire());
+  h.loop.run_for(1s - 1ns);
+  CHECK_FALSE(rps.try_acquire());
+  h.loop.run_for(1ns);  // (now - per, now] no longer holds the starts at 0
+  CHECK(rps.try_acquire());
+  CHECK(rps.try_acquire());
+  CHECK_FALSE(rps.try_acquire());
+}
+
 TEST_CASE("no window of any alignment sees more than calls starts under uneven load",
           "[rate_limiter]") {
   // Arrivals at irregular times, n of 1..3 each: every start (n starts per

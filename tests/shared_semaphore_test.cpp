@@ -329,3 +329,72 @@ TEST_CASE("a permit is move-only and releases once, on whichever thread drops it
   CHECK_FALSE(a);
   CHECK(sem.value() == 2);
 }
+
+TEST_CASE(
+    "a waiter cancelled on its thread while another thread releases to it loses no permit, "
+    "over many races",
+    "[shared_semaphore]") {
+  // Each round: the permit is held here; waiter 1 waits on loop A, waiter 2
+  // on loop B. Loop A cancels waiter 1 while this thread releases: waiter 1
+  // is removed (the release goes to waiter 2), or granted and resumed (it
+  // releases at once), or granted and then cancelled before it resumed (it
+  // hands the permit on and throws). In every case waiter 2 gets the permit.
+  sluice::shared_semaphore sem{1};
+  loops l(2);
+  auto guard_a = asio::make_work_guard(l.ctx[0]);
+  auto guard_b = asio::make_work_guard(l.ctx[1]);
+  l.start();
+  constexpr int rounds = 300;
+  int first_aborted = 0, first_ok = 0, lost = 0;
+  for (int round = 0; round < rounds; ++round) {
+    REQUIRE(sem.try_acquire());
+    asio::cancellation_signal cancel;      // emitted on loop A only
+    std::atomic<int> first{0}, second{0};  // 1: ok, 2: aborted
+    asio::co_spawn(l.ctx[0], sluice_test::ending_of(sem.acquire()),
+                   sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr, std::string s) {
+                     if (s == "ok") sem.release();
+                     first = s == "ok" ? 1 : 2;
+                   }));
+    until([&] { return sem.waiters() == 1; });
+    asio::co_spawn(l.ctx[1], sluice_test::ending_of(sem.acquire()),
+                   [&](std::exception_ptr, std::string s) {
+                     if (s == "ok") sem.release();
+                     second = s == "ok" ? 1 : 2;
+                   });
+    until([&] { return sem.waiters() == 2; });
+    // The cancellation runs on loop A after a spin of 0-49 us, racing this
+    // thread's release; every third round releases first.
+    const auto spin = std::chrono::microseconds(round % 50);
+    std::atomic<bool> emitted{false};
+    auto cancel_on_a = [&cancel, &emitted, spin] {
+      const auto until_t = std::chrono::steady_clock::now() + spin;
+      while (std::chrono::steady_clock::now() < until_t) {
+      }
+      cancel.emit(asio::cancellation_type::terminal);
+      emitted = true;
+    };
+    if (round % 3 == 0) sem.release();
+    asio::post(l.ctx[0], cancel_on_a);
+    if (round % 3 != 0) sem.release();
+    const auto give_up = std::chrono::steady_clock::now() + 10s;  // a lost permit: no hang
+    while ((first == 0 || second == 0 || !emitted) && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(20us);
+    if (first == 0 || second != 1 || !emitted) {
+      ++lost;
+      if (second == 0) sem.release();  // a permit was lost: let waiter 2 end
+      until([&] { return second != 0 && emitted; });
+      break;
+    }
+    if (first == 2) ++first_aborted;
+    if (first == 1) ++first_ok;
+    until([&] { return sem.value() == 1; });  // the last release may still be under way
+  }
+  guard_a.reset();
+  guard_b.reset();
+  l.join();
+  CHECK(lost == 0);
+  CHECK(sem.value() == 1);
+  CHECK(sem.waiters() == 0);
+  WARN("waiter 1: cancelled (removed or handed on) in " << first_aborted << ", granted in "
+                                                        << first_ok << " of " << rounds);
+}

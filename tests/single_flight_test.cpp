@@ -469,3 +469,72 @@ TEST_CASE("callers on a strand resume on it and the work runs on the first calle
   CHECK(work_on_strand == 1);
   CHECK(resumed_on_strand == 3);
 }
+
+TEST_CASE(
+    "a first caller whose work cancels it while starting leaves at once and the work is "
+    "cancelled",
+    "[single_flight]") {
+  // The work runs inline when the first caller starts it and there requests
+  // that caller's cancellation, before the caller waits on the flight.
+  for (bool throwing : {true, false}) {
+    slow_service svc({.latency = fixed(1h)});
+    sluice::single_flight<std::string, std::string> refreshes;
+    virtual_loop loop;
+    asio::cancellation_signal cancel;
+    std::string how;
+    std::chrono::nanoseconds returned_at{-1};
+    std::size_t in_flight_at_return = 99;
+    auto fn = [&]() -> asio::awaitable<std::string> {
+      cancel.emit(asio::cancellation_type::terminal);
+      co_return co_await refresh(svc, "acme");
+    };
+    asio::co_spawn(
+        loop.get_executor(),
+        [&]() -> asio::awaitable<std::string> {
+          co_await asio::this_coro::throw_if_cancelled(throwing);
+          co_return co_await sluice_test::ending_of(refreshes.run("acme", fn));
+        },
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr e, std::string s) {
+          how = e ? sluice_test::ending_of_exception(e) : s;
+          returned_at = loop.now();
+          in_flight_at_return = svc.in_flight();
+        }));
+    loop.run_for(2h);
+    CHECK(how == "aborted");
+    CHECK(returned_at == 0s);
+    CHECK(in_flight_at_return == 0);
+    CHECK(svc.cancellations() == 1);
+    CHECK(refreshes.in_flight() == 0);
+  }
+}
+
+TEST_CASE(
+    "the work of a capturing coroutine lambda outlives its first caller's cancellation intact",
+    "[single_flight]") {
+  // fn's coroutine frame refers to fn's closure (its captures); the work runs
+  // on after the caller that called fn() left, so the flight must keep fn.
+  slow_service svc({.latency = fixed(10s)});
+  sluice::single_flight<std::string, std::string> refreshes;
+  tasks_on_loop h;
+  const std::string account(40, 'a');  // long enough to live on the heap
+  std::vector<std::string> got(2);
+  std::vector<sluice_test::task*> t;
+  for (std::size_t i = 0; i < 2; ++i) {
+    t.push_back(&h.spawn([&, i]() -> asio::awaitable<void> {
+      auto fn = [&svc, id = account]() -> asio::awaitable<std::string> {
+        co_await svc.call(id, "refresh");
+        co_return "refreshed " + id;  // reads the capture after the first caller left
+      };
+      got[i] = co_await refreshes.run(account, fn);
+    }));
+  }
+  h.poll();
+  h.loop.run_for(3s);
+  t[0]->cancel();  // the caller that called fn() leaves; its closure is gone
+  h.poll();
+  CHECK(t[0]->cancelled());
+  h.loop.run_for(7s);
+  CHECK(t[1]->succeeded());
+  CHECK(got[1] == "refreshed " + account);
+  CHECK(svc.calls() == 1);
+}

@@ -12,6 +12,8 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -437,4 +439,26 @@ TEST_CASE("the calls and tokens quotas of one window both apply", "[slow_service
   CHECK(r[3]);
   CHECK(hint_of(r[4]) == 1min);
   CHECK(svc.completed() == 3);
+}
+
+TEST_CASE("a latency model sees the key as a string_view and returns sluice::clock::duration",
+          "[slow_service]") {
+  // The types the harness docs name (docs/testing.md, call_info).
+  STATIC_REQUIRE(std::is_same_v<decltype(call_info::key), std::string_view>);
+  STATIC_REQUIRE(std::is_same_v<std::invoke_result_t<latency_model, const call_info&>,
+                                sluice::clock::duration>);
+  std::vector<std::string> keys;
+  slow_service svc({.latency = latency::from([&](const call_info& c) -> sluice::clock::duration {
+                      keys.emplace_back(c.key);  // a view: copied to keep it
+                      return c.key == "slow" ? 5s : 1s;
+                    })});
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::string k = "slow";
+    co_await svc.call(k);
+    k = "fast";
+    co_await svc.call(k);
+  }());
+  CHECK(loop.now() == 6s);
+  CHECK(keys == std::vector<std::string>{"slow", "fast"});
 }

@@ -250,3 +250,19 @@ TEST_CASE("the job runner stops with a grace and accounts for every job", "[stop
   CHECK(r.service.cancellations() == 1);
   CHECK(r.service.in_flight() == 0);
 }
+
+TEST_CASE("a stop with the longest grace lets the running children finish", "[stop_source]") {
+  virtual_loop loop;
+  stop_source stop;
+  child_log log;
+  loop.run(task_group::run(
+      2,
+      [&](task_group& g) -> asio::awaitable<void> {
+        g.spawn(child(loop, log, 10s));
+        co_await sluice::sleep(1s);
+        stop.request(sluice::clock::duration::max());  // the deadline saturates: no wrap
+      },
+      stop));
+  CHECK(log.finished == std::vector<nanoseconds>{10s});
+  CHECK(log.cancelled.empty());
+}

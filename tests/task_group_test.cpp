@@ -578,3 +578,70 @@ TEST_CASE("spawn_when_ready from a caller cancelled before the call starts nothi
   CHECK(threw);
   CHECK(!ran);
 }
+
+TEST_CASE(
+    "a child that cancels the caller while spawn starts it stops the group at once, not after "
+    "the child's hour",
+    "[task_group]") {
+  // The child runs inline inside spawn (inside run) and there requests the
+  // caller's cancellation: no cancellation handler of run's join exists yet,
+  // so run must look at the caller's state itself once the body has started.
+  for (bool throwing : {true, false}) {
+    virtual_loop loop;
+    slow_service svc({.latency = latency::fixed(1h)});
+    census c;
+    asio::cancellation_signal cancel;
+    std::string how;
+    nanoseconds returned_at{-1};
+    std::size_t in_flight_at_return = 99;
+    auto cancels_its_caller = [&]() -> asio::awaitable<void> {
+      presence p(c);
+      cancel.emit(asio::cancellation_type::terminal);
+      co_await svc.call();
+    };
+    asio::co_spawn(
+        loop.get_executor(),
+        [&]() -> asio::awaitable<std::string> {
+          co_await asio::this_coro::throw_if_cancelled(throwing);
+          co_return co_await sluice_test::ending_of(
+              task_group::run([&](task_group& g) -> asio::awaitable<void> {
+                g.spawn(call_child(c, svc));
+                g.spawn(cancels_its_caller());
+                co_await sluice::sleep(1h);
+              }));
+        },
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr e, std::string s) {
+          how = e ? sluice_test::ending_of_exception(e) : s;
+          returned_at = loop.now();
+          in_flight_at_return = svc.in_flight();
+        }));
+    loop.run_for(2h);
+    CHECK(how == "aborted");
+    CHECK(returned_at == 0s);
+    CHECK(in_flight_at_return == 0);
+    CHECK(svc.cancellations() == 2);
+    CHECK(c.alive() == 0);
+  }
+}
+
+TEST_CASE("a body that cancels its caller and ends at once still makes run throw operation_aborted",
+          "[task_group]") {
+  virtual_loop loop;
+  asio::cancellation_signal cancel;
+  std::string how;
+  asio::co_spawn(
+      loop.get_executor(),
+      [&]() -> asio::awaitable<std::string> {
+        co_await asio::this_coro::throw_if_cancelled(false);
+        co_return co_await sluice_test::ending_of(
+            task_group::run([&](task_group&) -> asio::awaitable<void> {
+              cancel.emit(asio::cancellation_type::terminal);
+              co_return;
+            }));
+      },
+      sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr e, std::string s) {
+        how = e ? sluice_test::ending_of_exception(e) : s;
+      }));
+  loop.run_for(1s);
+  CHECK(how == "aborted");
+}

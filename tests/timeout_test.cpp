@@ -173,6 +173,39 @@ TEST_CASE("a value produced despite the cancellation is kept", "[timeout]") {
   CHECK(loop.now() == 2s);
 }
 
+TEST_CASE("an operation that ignores the cancellation keeps the value it returns late",
+          "[timeout]") {
+  virtual_loop loop;
+  auto deaf = []() -> asio::awaitable<int> {
+    co_await asio::this_coro::reset_cancellation_state(
+        [](asio::cancellation_type) { return asio::cancellation_type::none; });
+    co_await sluice::sleep(5s);
+    co_return 9;
+  };
+  CHECK(loop.run(sluice::with_timeout(2s, deaf())) == 9);  // no timeout_error
+  CHECK(loop.now() == 5s);
+}
+
+TEST_CASE(
+    "an operation's own operation_aborted before the deadline passes through, not as a timeout",
+    "[timeout]") {
+  // An inner operation cancelled by something else (a closed socket, a
+  // cancelled inner wait) ends `op` with operation_aborted at 1 s.
+  virtual_loop loop;
+  auto aborted_inside = []() -> asio::awaitable<int> {
+    co_await sluice::sleep(1s);
+    throw sluice::system_error(asio::error::operation_aborted, "socket closed");
+  };
+  std::string how;
+  std::chrono::nanoseconds at{-1};
+  loop.run([&]() -> asio::awaitable<void> {
+    how = co_await sluice_test::ending_of(sluice::with_timeout(5s, aborted_inside()));
+    at = loop.now();
+  });
+  CHECK(how == "aborted");  // the operation's own system_error, not timeout_error
+  CHECK(at == 1s);
+}
+
 TEST_CASE("nested timeouts each report only their own deadline", "[timeout]") {
   virtual_loop loop;
   auto ending = [&](auto a) {
@@ -296,4 +329,38 @@ TEST_CASE("a deadline gather checks its limit before anything starts", "[timeout
                       0, std::move(calls), sluice::return_exceptions, sluice::deadline(1s)),
                   std::invalid_argument);
   CHECK(svc.calls() == 0);
+}
+
+TEST_CASE("an operation that cancels the caller while with_timeout starts it is cancelled at once",
+          "[timeout]") {
+  // `op` runs inline when with_timeout starts it and there requests the
+  // caller's cancellation, before any handler of with_timeout's wait exists.
+  for (bool throwing : {true, false}) {
+    virtual_loop loop;
+    slow_service svc({.latency = latency::fixed(1h)});
+    asio::cancellation_signal cancel;
+    std::string how;
+    std::chrono::nanoseconds returned_at{-1};
+    std::size_t in_flight_at_return = 99;
+    auto cancels_its_caller = [&]() -> asio::awaitable<int> {
+      cancel.emit(asio::cancellation_type::terminal);
+      co_return co_await call_returning(svc, 1);
+    };
+    asio::co_spawn(
+        loop.get_executor(),
+        [&]() -> asio::awaitable<std::string> {
+          co_await asio::this_coro::throw_if_cancelled(throwing);
+          co_return co_await sluice_test::ending_of(sluice::with_timeout(2h, cancels_its_caller()));
+        },
+        sluice_test::bind_slot(cancel.slot(), [&](std::exception_ptr e, std::string s) {
+          how = e ? sluice_test::ending_of_exception(e) : s;
+          returned_at = loop.now();
+          in_flight_at_return = svc.in_flight();
+        }));
+    loop.run_for(3h);
+    CHECK(how == "aborted");  // not timeout_error, not the value
+    CHECK(returned_at == 0s);
+    CHECK(in_flight_at_return == 0);
+    CHECK(svc.cancellations() == 1);
+  }
 }

@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
 #include <sluice/retry.hpp>
+#include <sluice/stats.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
 
@@ -167,7 +168,10 @@ class adaptive_limit {
     }
     /// Releases now without an outcome (no-op when empty).
     void reset() noexcept {
-      if (auto* c = std::exchange(cap_, nullptr)) c->release_one();
+      if (auto* c = std::exchange(cap_, nullptr)) {
+        c->core_.record_hold_duration((vclock_ ? vclock_->now() : clock::now()) - start_);
+        c->release_one();
+      }
     }
 
     /// The latency so far: from the grant to now, on the executor's clock.
@@ -295,6 +299,18 @@ class adaptive_limit {
   [[nodiscard]] std::size_t throttles() const noexcept { return throttles_; }
   /// Calls reported `dropped` so far.
   [[nodiscard]] std::size_t drops() const noexcept { return drops_; }
+  /// What the limit has done and is doing (see `sluice::stats`): grants,
+  /// cancelled waits, waiting now, the wait of every grant and the hold of
+  /// every permit (its measured latency); `in_use` is `in_flight()`, `limit`
+  /// the current `limit()`, `throttled` the calls reported `throttled`
+  /// (`throttles()`). O(buckets), allocates nothing.
+  [[nodiscard]] sluice::stats stats() const noexcept {
+    sluice::stats s = core_.stats();
+    s.in_use = in_flight();
+    s.limit = limit_;
+    s.throttled = throttles_;
+    return s;
+  }
   /// The no-load latency baseline (`gradient`, `vegas`; zero before a sample).
   [[nodiscard]] clock::duration baseline() const noexcept {
     return clock::duration(static_cast<clock::duration::rep>(baseline_ns()));
@@ -355,6 +371,7 @@ class adaptive_limit {
   // The algorithm moves the limit first, so that a place freed by a throttle
   // is absorbed by the decrease instead of going to the next waiter.
   void finish(outcome o, const sample& s) {
+    core_.record_hold_duration(s.latency);
     switch (o) {
       case outcome::succeeded:
         ++successes_;

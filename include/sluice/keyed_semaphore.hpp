@@ -5,6 +5,8 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/permit_core.hpp>
+#include <sluice/detail/stats_recorder.hpp>
+#include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -75,13 +77,16 @@ class keyed_semaphore {
     permit() noexcept = default;
     /// Takes over `other`'s ownership; `other` is left empty.
     permit(permit&& other) noexcept
-        : sem_(std::exchange(other.sem_, nullptr)), node_(std::exchange(other.node_, nullptr)) {}
+        : sem_(std::exchange(other.sem_, nullptr)),
+          node_(std::exchange(other.node_, nullptr)),
+          since_(other.since_) {}
     /// Releases what this owns, then takes over `other`'s ownership.
     permit& operator=(permit&& other) noexcept {
       if (this != &other) {
         reset();
         sem_ = std::exchange(other.sem_, nullptr);
         node_ = std::exchange(other.node_, nullptr);
+        since_ = other.since_;
       }
       return *this;
     }
@@ -95,14 +100,19 @@ class keyed_semaphore {
 
     /// Releases the permit now (no-op when empty).
     void reset() noexcept {
-      if (auto* s = std::exchange(sem_, nullptr)) s->release_node(std::exchange(node_, nullptr));
+      if (auto* s = std::exchange(sem_, nullptr)) {
+        s->stats_.end_hold(since_);
+        s->release_node(std::exchange(node_, nullptr));
+      }
     }
 
    private:
     friend class keyed_semaphore;
-    permit(keyed_semaphore& s, node_type* n) noexcept : sem_(&s), node_(n) {}
+    permit(keyed_semaphore& s, node_type* n, detail::clock::time_point since) noexcept
+        : sem_(&s), node_(n), since_(since) {}
     keyed_semaphore* sem_ = nullptr;
     node_type* node_ = nullptr;
+    detail::clock::time_point since_{};
   };
 
   /// A keyed semaphore allowing `per_key` holders per key, without an
@@ -145,7 +155,8 @@ class keyed_semaphore {
   [[nodiscard]] asio::awaitable<permit> scoped_acquire(Key key) {
     node_type* n = node_for(key);
     if (!n->second.try_acquire()) co_await wait(n);
-    co_return permit(*this, n);
+    if (!stats_.clock.bound()) stats_.clock.bind(co_await asio::this_coro::executor);
+    co_return permit(*this, n, stats_.hold_start());
   }
 
   /// Takes a permit of `key` if one is free and nobody waits for it (drop
@@ -153,7 +164,7 @@ class keyed_semaphore {
   [[nodiscard]] std::optional<permit> try_acquire(const Key& key) {
     node_type* n = node_for(key);  // a new key always has a free permit
     if (!n->second.try_acquire()) return std::nullopt;
-    return permit(*this, n);
+    return permit(*this, n, stats_.hold_start());
   }
 
   /// Returns a permit of `key`: to its oldest waiter if any (resumed through a
@@ -185,6 +196,33 @@ class keyed_semaphore {
   /// The most holders one key may have at once.
   [[nodiscard]] std::size_t per_key() const noexcept { return per_key_; }
 
+  /// What every key together has done and is doing (see `sluice::stats`):
+  /// grants, cancelled waits, the wait of every grant and the hold of every
+  /// `permit` of any key; `waiting` and `in_use` summed over the keys held or
+  /// waited for now; `limit` is `per_key()`. O(buckets + keys()); allocates
+  /// nothing.
+  [[nodiscard]] sluice::stats stats() const noexcept {
+    std::size_t waiting = 0, in_use = 0;
+    for (const auto& [k, core] : map_) {
+      waiting += core.waiters();
+      in_use += core.in_use();
+    }
+    return stats_.read(waiting, in_use, per_key_);
+  }
+
+  /// One key now, on request: `waiting`, `in_use` and `limit` (`per_key()`)
+  /// of `key`; the counters and durations are kept for all keys together
+  /// (`stats()`), since an idle key's entry is freed. O(1).
+  [[nodiscard]] sluice::stats stats(const Key& key) const {
+    sluice::stats s;
+    s.limit = per_key_;
+    if (auto it = map_.find(key); it != map_.end()) {
+      s.waiting = it->second.waiters();
+      s.in_use = it->second.in_use();
+    }
+    return s;
+  }
+
  private:
   static constexpr const char* name = "sluice::keyed_semaphore";
 
@@ -193,6 +231,7 @@ class keyed_semaphore {
     if (per_key_ == 0)
       throw std::invalid_argument("sluice::keyed_semaphore: per_key must be at least 1");
     affinity_.bind(ex_);
+    stats_.clock.bind(ex_);
   }
 
   // The entry of `key`, made (with per_key_ free permits) if it has none.
@@ -213,7 +252,9 @@ class keyed_semaphore {
         return {map_.insert(std::move(spare_)).position, true};
       }
     }
-    return map_.try_emplace(key, name, per_key_, true, ex_);
+    auto made = map_.try_emplace(key, name, per_key_, true, ex_);
+    if (made.second) made.first->second.share_stats(stats_);
+    return made;
   }
 
   // Waits on n's key; a permit granted to a coroutine cancelled before it
@@ -254,6 +295,7 @@ class keyed_semaphore {
 
   asio::any_io_executor ex_;
   std::size_t per_key_;
+  detail::stats_sink stats_;  // every key's core counts here
   map_type map_;
   // One idle entry kept for the next new key, so keys that come and go one at
   // a time allocate nothing. Not counted by keys().

@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
 #include <sluice/detail/unique_permit.hpp>
+#include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -82,7 +83,9 @@ class lock {
   /// As `acquire()`, returning a `guard` that releases on destruction.
   [[nodiscard]] asio::awaitable<guard> scoped_acquire() {
     co_await core_.acquire();
-    co_return guard(*this);
+    if (!core_.clock_bound())
+      co_return guard(*this, core_.hold_start(co_await asio::this_coro::executor));
+    co_return guard(*this, core_.hold_start());
   }
 
   /// Takes the lock if it is free and nobody waits; never suspends.
@@ -102,8 +105,20 @@ class lock {
   /// The most operations that ever waited at once (high-water mark).
   [[nodiscard]] std::size_t max_waiters() const noexcept { return core_.max_waiters(); }
 
+  /// What the lock has done and is doing (see `sluice::stats`): grants,
+  /// cancelled waits, waiting now, `in_use` 1 while locked, `limit` 1, the wait
+  /// of every grant and the hold of every `guard`. O(buckets), allocates
+  /// nothing. Read it on the lock's loop.
+  [[nodiscard]] sluice::stats stats() const noexcept { return core_.stats(); }
+
  private:
   friend class condition;
+  friend guard;
+  void release_held(detail::clock::time_point since) {
+    core_.record_hold(since);
+    release();
+  }
+
   detail::permit_core core_;
 };
 

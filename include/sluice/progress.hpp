@@ -141,7 +141,7 @@ class progress_tracker {
     vclock_ = find_virtual_clock(ex);
     begun_ = true;
     t0_ = read_clock();
-    next_ = t0_ + every_;
+    next_ = add_saturating(t0_, every_);
     info_.total = total;
   }
 
@@ -183,7 +183,7 @@ class progress_tracker {
     if (error_) return;
     const auto t = read_clock();
     if (t < next_) return;
-    next_ = t + every_;
+    next_ = add_saturating(t, every_);
     call(t);
   }
 

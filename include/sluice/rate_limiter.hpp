@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/rate_core.hpp>
+#include <sluice/stats.hpp>
 #include <sluice/time.hpp>
 
 #include <sluice/detail/asio.hpp>

@@ -233,9 +233,10 @@ class retry_budget {
   void give_back(clock::time_point at) noexcept { retries_.remove(at); }
   // (instant, count) in increasing time; total is the sum of the counts.
   struct window {
+    /// Retries counted at one instant.
     struct entry {
-      clock::time_point at;
-      std::size_t count;
+      clock::time_point at;  ///< the instant
+      std::size_t count;     ///< retries counted at it
     };
     std::deque<entry> entries;
     std::size_t total = 0;

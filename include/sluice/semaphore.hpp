@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
 #include <sluice/detail/unique_permit.hpp>
+#include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -109,7 +110,9 @@ class semaphore {
   /// As `acquire()`, returning a `permit` that releases on destruction.
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
     co_await core_.acquire();
-    co_return permit(*this);
+    if (!core_.clock_bound())
+      co_return permit(*this, core_.hold_start(co_await asio::this_coro::executor));
+    co_return permit(*this, core_.hold_start());
   }
 
   /// Takes a permit if one is free and nobody waits; never suspends.
@@ -133,6 +136,13 @@ class semaphore {
   /// True when no permit is free or anyone waits: an `acquire()` would suspend.
   [[nodiscard]] bool locked() const noexcept { return core_.locked(); }
 
+  /// What the semaphore has done and is doing (see `sluice::stats`): grants,
+  /// cancelled waits, waiting and held now (`in_use`: permits taken and not
+  /// given back), `limit` (the initial value), the wait of every grant and
+  /// the hold of every `permit`. O(buckets), allocates nothing. Read it on the
+  /// semaphore's loop (or after the loop's threads were joined).
+  [[nodiscard]] sluice::stats stats() const noexcept { return core_.stats(); }
+
  protected:
   /// For `bounded_semaphore`: `name` appears in diagnostics; `bounded` makes
   /// a release above `initial` throw.
@@ -140,6 +150,12 @@ class semaphore {
       : core_(name, initial, bounded, std::move(ex)) {}
 
  private:
+  friend permit;
+  void release_held(detail::clock::time_point since) {
+    core_.record_hold(since);
+    release();
+  }
+
   detail::permit_core core_;
 };
 

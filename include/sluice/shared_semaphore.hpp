@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/shared_permit_core.hpp>
 #include <sluice/detail/unique_permit.hpp>
+#include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -110,7 +111,9 @@ class shared_semaphore {
   /// As `acquire()`, returning a `permit` that releases on destruction.
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
     co_await acquire();
-    co_return permit(*this);
+    auto& sink = core_.stats_sink();
+    if (!sink.bound()) sink.bind(co_await asio::this_coro::executor);
+    co_return permit(*this, sink.hold_start());
   }
 
   /// Takes a permit if one is free and nobody waits; never suspends. One
@@ -131,7 +134,22 @@ class shared_semaphore {
   /// True when no permit is free or anyone waits: an `acquire()` would suspend.
   [[nodiscard]] bool locked() const noexcept { return value() == 0 || waiters() != 0; }
 
+  /// What the semaphore has done and is doing (see `sluice::stats`), from
+  /// any thread: a snapshot (each counter exact; other threads may move
+  /// between them). `in_use` is the initial value minus the free permits,
+  /// `limit` the initial value; `hold` counts every `permit`, released on
+  /// whichever thread. Keeping the counts costs a grant one relaxed atomic
+  /// increment. O(buckets), allocates nothing.
+  [[nodiscard]] sluice::stats stats() const noexcept { return core_.stats(); }
+
  private:
+  friend permit;
+  void release_held(detail::clock::time_point since) {
+    auto& sink = core_.stats_sink();
+    sink.end_hold(since);
+    release();
+  }
+
   detail::shared_permit_core core_;
 };
 

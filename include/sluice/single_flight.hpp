@@ -49,11 +49,14 @@ namespace sluice {
 /// called starts nothing and joins nothing.
 ///
 /// Lifetimes: the work may outlive the caller that started it (when that
-/// caller is cancelled while others wait), so whatever the awaitable that
-/// `fn` returns borrows must outlive every caller of the key: take coroutine
+/// caller is cancelled while others wait). The first caller's `fn` is moved
+/// into the flight before it is called and kept until the work has finished,
+/// so a capturing coroutine lambda (`[id]() -> asio::awaitable<profile> {...}`)
+/// may use its captures throughout. What `fn` or its awaitable borrows by
+/// reference must outlive every caller of the key: capture and take coroutine
 /// parameters by value (as `fetch_profile(std::string id)` does), not by
-/// reference into the first caller's frame. `fn` itself is not kept. The
-/// `single_flight` must outlive every `run` call.
+/// reference into the first caller's frame. The `single_flight` must outlive
+/// every `run` call.
 ///
 /// After the last caller left by cancellation, the cancelled work is no
 /// longer joinable: a new `run` of the key starts a new execution, which may
@@ -108,6 +111,11 @@ class single_flight {
     ++f->callers;
     std::exception_ptr aborted;
     try {
+      // The work ran inline up to its first suspension when this call started
+      // it, and may have cancelled this caller there, before the wait below
+      // could see it.
+      if (state.cancelled() != asio::cancellation_type::none)
+        throw system_error(asio::error::operation_aborted, "sluice::single_flight::run");
       co_await wait(*f, true);
     } catch (...) {
       aborted = std::current_exception();
@@ -170,14 +178,19 @@ class single_flight {
 
   template <class Fn>
   std::shared_ptr<flight> join(const Key& key, Fn& fn, const asio::any_io_executor& ex) {
+    // (fn is moved from only when this call starts the work.)
     affinity_.bind(ex);
     affinity_.check(name);
     if (auto it = flights_.find(key); it != flights_.end()) return it->second;
-    asio::awaitable<T> work = fn();  // if it throws, nothing was registered
+    // fn moves into the work's own coroutine frame before it is called: the
+    // awaitable it returns may point into it (a capturing coroutine lambda),
+    // and the work may outlive the caller that started it.
+    auto kept = std::make_unique<Fn>(std::move(fn));
+    asio::awaitable<T> work = (*kept)();  // if it throws, nothing was registered
     auto f = std::make_shared<flight>(this, key);
     auto it = flights_.emplace(key, f).first;
     try {
-      asio::co_spawn(ex, execute(f, std::move(work)), work_done{f});
+      asio::co_spawn(ex, execute(std::move(kept), f, std::move(work)), work_done{f});
     } catch (...) {
       flights_.erase(it);
       f->owner = nullptr;
@@ -186,9 +199,16 @@ class single_flight {
     return f;
   }
 
-  static asio::awaitable<void> execute(std::shared_ptr<flight> f, asio::awaitable<T> work) {
+  // `kept` is the fn whose call made `work`; declared first, it is destroyed
+  // after `work` (its frame may point into it).
+  template <class Fn>
+  static asio::awaitable<void> execute([[maybe_unused]] std::unique_ptr<Fn> kept,
+                                       std::shared_ptr<flight> f, asio::awaitable<T> work) {
     f->started = true;
-    if (f->abandoned) co_return;  // every caller left before it began
+    if (f->abandoned) {  // every caller left before it began
+      auto never_started = std::move(work);
+      co_return;
+    }
     try {
       if constexpr (std::is_void_v<T>) {
         co_await std::move(work);

@@ -46,6 +46,9 @@
 #include <sluice/single_flight.hpp>
 #include <sluice/token_bucket.hpp>
 
+// Operating it: what every limit has done and is doing
+#include <sluice/stats.hpp>
+
 // Time, timeouts and deadlines
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>

@@ -64,8 +64,11 @@ concept task_group_body = std::invocable<F&, task_group&> &&
 ///   total) stops the group the same way, waits for everything, and throws
 ///   `system_error(operation_aborted)`. A caller whose cancellation was
 ///   requested before it called `run` starts nothing (the body is not called)
-///   and throws `operation_aborted`. If the caller is cancelled and a child then
-///   fails with an error of its own, `operation_aborted` is reported.
+///   and throws `operation_aborted`. A request made while the body or a child
+///   runs inline inside `run` or `spawn` (a child that cancels its caller before
+///   its first suspension) stops the group the same way, at once. If the caller
+///   is cancelled and a child then fails with an error of its own,
+///   `operation_aborted` is reported.
 /// - `spawn` after the group began to stop (a failure or a cancellation) does
 ///   not start the task: its awaitable is destroyed unstarted and `spawn`
 ///   returns false.
@@ -285,6 +288,10 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     } catch (...) {
       g->fail(std::current_exception());
     }
+    // The body and the children it started ran inline up to their first
+    // suspension; one of them may have cancelled the caller meanwhile, when no
+    // cancellation handler of the join existed yet to see it: pass it on here.
+    if (caller.cancelled() != asio::cancellation_type::none) g->cancel_from_parent();
     // The join always waits for everything, even for a caller whose
     // cancellation is already requested. The switch belongs to the caller's
     // whole coroutine stack: put it back as it was.
@@ -382,7 +389,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
       stop();
       return;
     }
-    const auto deadline = sluice::now(ex_) + grace;
+    const auto deadline = detail::add_saturating(sluice::now(ex_), grace);  // max(): forever
     if (grace_deadline_ && *grace_deadline_ <= deadline) return;
     grace_deadline_ = deadline;
     if (!grace_) {
@@ -445,6 +452,12 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     }
   }
 
+  // The caller was cancelled: stop, and report operation_aborted after the join.
+  void cancel_from_parent() {
+    parent_cancelled_ = true;
+    stop();
+  }
+
   void fail(std::exception_ptr e) {
     // What a stop request cancelled ends with operation_aborted: not an error.
     if (quiet_abort_ && is_aborted(e)) return;
@@ -479,15 +492,15 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     return asio::async_initiate<Token, void(error_code)>(
         [this](auto handler) {
           if (nodes_.empty()) {
-            detail::post_completion(std::move(handler), ex_, error_code());
+            detail::post_completion(
+                std::move(handler), ex_,
+                parent_cancelled_ ? error_code(asio::error::operation_aborted) : error_code());
             return;
           }
           auto slot = asio::get_associated_cancellation_slot(handler);
           if (slot.is_connected()) {
             slot.assign([this](asio::cancellation_type type) {
-              if (type == asio::cancellation_type::none) return;
-              parent_cancelled_ = true;
-              stop();
+              if (type != asio::cancellation_type::none) cancel_from_parent();
             });
           }
           joiner_ = detail::erased_handler<error_code>(std::move(handler), ex_);

@@ -123,9 +123,12 @@ asio::awaitable<void, Executor> run_until(asio::awaitable<void, Executor> body,
   auto children = std::make_shared<child_set>();
   children->spawn(ex, race_timer<Executor>(ex, deadline, children, st));
   children->spawn(ex, race_body<Executor>(std::move(body), children, st));
-  // The join must run to the end even for a caller cancelled meanwhile.
+  // The join must run to the end even for a caller cancelled meanwhile. The
+  // body ran inline up to its first suspension and may have cancelled the
+  // caller there, before any handler of the join could see it: passed on here.
   const bool throw_before = co_await asio::this_coro::throw_if_cancelled();
   co_await asio::this_coro::throw_if_cancelled(false);
+  if (caller.cancelled() != asio::cancellation_type::none) children->cancel_from_parent();
   error_code ec;
   auto join_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
   co_await children->async_join(ex, join_token);
@@ -147,13 +150,17 @@ clock::time_point deadline_after(const Executor& ex, clock::duration d) {
 /// - `op` finishing first (value or exception) ends the call at once; its
 ///   timer is cancelled at that moment, nothing is left pending.
 /// - On its own deadline it cancels `op` (terminal), waits until `op` has
-///   finished, and throws `sluice::timeout_error`. If `op` still returns a
-///   value after the cancellation, that value is returned; an exception other
-///   than `operation_aborted` that `op` throws while being cancelled passes
-///   through unchanged.
+///   finished, and throws `sluice::timeout_error`. An `op` that ignores the
+///   cancellation and still returns a value, however late, keeps it: the
+///   value is returned and no `timeout_error` is thrown (as asyncio's
+///   `timeout()` does); check the elapsed time yourself if a late value is
+///   useless to you. An exception other than `operation_aborted` that `op`
+///   throws while being cancelled passes through unchanged.
 /// - Per-Operation Cancellation: cancelling the caller cancels `op`, waits for
 ///   it, and throws `system_error(operation_aborted)`, never `timeout_error`.
-///   A caller cancelled before the call does not start `op`.
+///   A caller cancelled before the call does not start `op`; one cancelled
+///   by `op` itself while it starts (inline, before its first suspension) is
+///   seen at once too.
 /// - Nested timeouts: each reports only its own deadline; an inner
 ///   `timeout_error` passes through the outer call as any other exception.
 /// - Runs `op` as a child coroutine on the caller's executor; `op` must not

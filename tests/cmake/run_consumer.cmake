@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: BSL-1.0
-# Builds tests/cmake/consumer against sluice: installed into a temporary prefix
+# Builds tests/cmake/consumer (or, with EXAMPLE=<name>, examples/<name>.cpp
+# through tests/cmake/example_consumer) against sluice: installed into a temporary prefix
 # (KIND=find_package), vendored (KIND=add_subdirectory), or through
 # FetchContent with SOURCE_DIR (KIND=fetchcontent). USE_BOOST=ON selects
 # Boost.Asio in the consumer (the installed package is built with the default
@@ -16,10 +17,16 @@ if(NOT USE_BOOST)
   set(USE_BOOST OFF)
 endif()
 set(consumer ${SOURCE_DIR}/tests/cmake/consumer)
+set(consumer_args)
 if(COMPONENT STREQUAL "redis")
   set(consumer ${SOURCE_DIR}/tests/cmake/consumer_redis)  # find_package(sluice COMPONENTS redis)
 endif()
 set(common -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DSLUICE_USE_BOOST_ASIO=${USE_BOOST})
+if(EXAMPLE)  # examples/${EXAMPLE}.cpp against the installed package, run with --virtual
+  set(consumer ${SOURCE_DIR}/tests/cmake/example_consumer)
+  list(APPEND common -DEXAMPLE_SOURCE=${SOURCE_DIR}/examples/${EXAMPLE}.cpp)
+  set(consumer_args --virtual)
+endif()
 if(KIND STREQUAL "find_package")
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/sluice -G ${GENERATOR}
       -DCMAKE_CXX_COMPILER=${CXX} -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF
@@ -32,5 +39,5 @@ else()
       -DSLUICE_SOURCE_DIR=${SOURCE_DIR} -DHOW=${KIND})
 endif()
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
-run(${WORK_DIR}/consumer/consumer)
-message(STATUS "${KIND} consumer (Boost.Asio: ${USE_BOOST}) built and ran")
+run(${WORK_DIR}/consumer/consumer ${consumer_args})
+message(STATUS "${KIND} consumer ${EXAMPLE} (Boost.Asio: ${USE_BOOST}) built and ran")

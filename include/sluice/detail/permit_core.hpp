@@ -4,7 +4,9 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/stats_recorder.hpp>
 #include <sluice/detail/waiter_list.hpp>
+#include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -16,16 +18,26 @@
 
 namespace sluice::detail {
 
-// The counting core shared by semaphore, bounded_semaphore and lock.
+// One wait for a permit, with the instant it began (for the wait time).
+struct timed_wait : wait_op {
+  explicit timed_wait(clock::time_point at) noexcept : since(at) {}
+  clock::time_point since;
+};
+
+// The counting core shared by semaphore, bounded_semaphore and lock (and each
+// key of keyed_semaphore).
 //
 // Invariants: a waiter exists only while value_ == 0 (release() hands its
 // permit straight to the oldest waiter instead of incrementing), so
 // try_acquire() can never barge past a waiter; when bounded_, value_ <= bound_.
+// Stats: every grant adds one to stats_->acquired (a grant that suspended also
+// records its wait); a cancelled wait adds one to stats_->cancelled.
 class permit_core {
  public:
   permit_core(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex)
       : name_(name), ex_(std::move(ex)), value_(initial), bound_(initial), bounded_(bounded) {
     affinity_.bind(ex_);
+    waiters_.on_cancel(&on_cancel, this);
   }
   permit_core(const permit_core&) = delete;
   permit_core& operator=(const permit_core&) = delete;
@@ -35,6 +47,7 @@ class permit_core {
     const auto in = affinity_.enter(name_);
     if (value_ > 0 && waiters_.empty()) {
       --value_;
+      ++stats_->acquired;
       return true;
     }
     return false;
@@ -47,7 +60,10 @@ class permit_core {
     // release could otherwise hand a waiter a permit that never existed.
     if (bounded_ && value_ >= bound_) throw std::logic_error(over_release_message);
     if (waiter_node* n = waiters_.pop_front()) {
-      static_cast<wait_op*>(n)->complete(error_code{});
+      auto* w = static_cast<timed_wait*>(n);
+      ++stats_->acquired;
+      stats_->record_wait(stats_->clock.now() - w->since);
+      w->complete(error_code{});
       return;
     }
     ++value_;
@@ -55,12 +71,21 @@ class permit_core {
 
   template <class Handler>
   void initiate(Handler&& handler, bool cancellable) {
-    affinity_.bind(asio::get_associated_executor(handler, ex_));
+    const auto hex = asio::get_associated_executor(handler, ex_);
+    affinity_.bind(hex);
     const auto in = affinity_.enter(name_);
     const bool ready = value_ > 0 && waiters_.empty();
-    start_wait<wait_op, deliver_nothing>(std::forward<Handler>(handler), ex_, name_, waiters_,
-                                         ready, cancellable);
-    if (ready) --value_;
+    clock::time_point since{};
+    if (!ready) {
+      stats_->clock.bind(stats_executor(hex));
+      since = stats_->clock.now();
+    }
+    start_wait<timed_wait, deliver_nothing>(std::forward<Handler>(handler), ex_, name_, waiters_,
+                                            ready, cancellable, since);
+    if (ready) {
+      --value_;
+      ++stats_->acquired;
+    }
   }
 
   template <class CompletionToken>
@@ -90,6 +115,7 @@ class permit_core {
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     co_await async_acquire(asio::use_awaitable);
     if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+      ++stats_->cancelled;
       hand_on();
       throw system_error(asio::error::operation_aborted);
     }
@@ -104,6 +130,30 @@ class permit_core {
     co_await async_acquire(asio::use_awaitable, false);
   }
 
+  // The instant a permit's hold begins; binds the clock to `ex` first if it
+  // is not bound yet (an acquisition that never waited).
+  [[nodiscard]] clock::time_point hold_start(const asio::any_io_executor& ex) {
+    if (!stats_->clock.bound()) stats_->clock.bind(ex);
+    return stats_->hold_start();
+  }
+  [[nodiscard]] clock::time_point hold_start() noexcept { return stats_->hold_start(); }
+  [[nodiscard]] bool clock_bound() const noexcept { return stats_->clock.bound(); }
+  // A permit held since `since` (hold_start()) is being released.
+  void record_hold(clock::time_point since) noexcept { stats_->end_hold(since); }
+  // A permit measured on its own clock (adaptive_limit's) held for `d`.
+  void record_hold_duration(clock::duration d) noexcept { stats_->record_hold(d); }
+  // Counts into `sink` instead of this core's own (keyed_semaphore: one sink
+  // for every key). Before any use.
+  void share_stats(stats_sink& sink) noexcept { stats_ = &sink; }
+  [[nodiscard]] sluice::stats stats() const noexcept {
+    return stats_->read(waiters_.size(), in_use(), bound_);
+  }
+  // Permits taken and not given back (0 for a semaphore released above its
+  // initial value).
+  [[nodiscard]] std::size_t in_use() const noexcept {
+    return bound_ > value_ ? bound_ - value_ : 0;
+  }
+
   [[nodiscard]] std::size_t value() const noexcept { return value_; }
   [[nodiscard]] std::size_t waiters() const noexcept { return waiters_.size(); }
   [[nodiscard]] std::size_t max_waiters() const noexcept { return waiters_.max_size(); }
@@ -114,8 +164,14 @@ class permit_core {
   [[nodiscard]] affinity& checker() noexcept { return affinity_; }
 
  private:
+  static void on_cancel(void* self) noexcept {
+    ++static_cast<permit_core*>(self)->stats_->cancelled;
+  }
+
   const char* name_;
   asio::any_io_executor ex_;
+  stats_sink own_stats_;
+  stats_sink* stats_ = &own_stats_;
   waiter_list waiters_;
   std::size_t value_;
   std::size_t bound_;

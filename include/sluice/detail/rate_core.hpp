@@ -10,8 +10,10 @@
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/rate_clock.hpp>
 #include <sluice/detail/rate_policy.hpp>
+#include <sluice/detail/stats_recorder.hpp>
 #include <sluice/detail/virtual_clock.hpp>
 #include <sluice/detail/waiter_list.hpp>
+#include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -24,7 +26,8 @@
 
 namespace sluice::detail {
 
-// One wait for n units; granted_at is set when it is granted. ex is the
+// One wait for n units; granted_at holds the instant it began waiting until
+// it is granted, then the grant's. ex is the
 // executor the waiter resumes on: the limiter's timer, while this waiter is
 // the head, runs on its context (timers belong to the wait).
 struct rate_wait : wait_op {
@@ -59,7 +62,7 @@ class rate_core {
       : name_(name), policy_(std::move(policy)), ex_(std::move(ex)), timer_(&on_event, this) {
     affinity_.bind(ex_);
     bind_clock(ex_);
-    waiters_.on_cancel(&on_event, this);
+    waiters_.on_cancel(&on_cancelled, this);
   }
   rate_core(const rate_core&) = delete;
   rate_core& operator=(const rate_core&) = delete;
@@ -76,7 +79,9 @@ class rate_core {
     const auto in = affinity_.enter(name_);
     clock_.bind_if_unbound();
     sync_clock_kind();
-    return try_take(n, clock_.now());
+    if (try_take(n, clock_.now())) return true;
+    ++stats_->throttled;
+    return false;
   }
 
   template <class Deliver, class Handler>
@@ -92,8 +97,10 @@ class rate_core {
                                    true, n, now, std::move(any));
     if (ready) {
       policy_.take(n, now);
-    } else if (waiters_.size() == 1) {
-      service();  // the new head: arm the timer
+      ++stats_->acquired;
+    } else {
+      ++stats_->throttled;
+      if (waiters_.size() == 1) service();  // the new head: arm the timer
     }
   }
 
@@ -133,6 +140,7 @@ class rate_core {
     bind_clock(ex);
     const auto now = clock_.now();
     policy_.take(n, now);
+    ++stats_->acquired;
     return now;
   }
 
@@ -169,6 +177,14 @@ class rate_core {
   [[nodiscard]] const Policy& policy() const noexcept { return policy_; }
   [[nodiscard]] clock::time_point now() const { return clock_.now(); }
 
+  // Counts into `sink` instead of this core's own (keyed_rate_limiter: one
+  // sink for every key). Before any use.
+  void share_stats(stats_sink& sink) noexcept { stats_ = &sink; }
+  [[nodiscard]] std::size_t in_use() const { return policy_.in_use(clock_.now()); }
+  [[nodiscard]] sluice::stats stats() const {
+    return stats_->read(waiters_.size(), in_use(), policy_.limit());
+  }
+
  private:
   template <bool Granted>
   asio::awaitable<std::conditional_t<Granted, clock::time_point, void>> acquire_impl(
@@ -195,7 +211,10 @@ class rate_core {
                                       void(error_code, clock::time_point)>(
             std::move(initiation), asio::use_awaitable_t<>{}, n);
     if (state.cancelled() != asio::cancellation_type::none) {
-      if (*alive) give_back(n, granted);
+      if (*alive) {
+        ++stats_->cancelled;
+        give_back(n, granted);
+      }
       throw system_error(asio::error::operation_aborted, name_);
     }
     if constexpr (Granted) co_return granted;
@@ -215,6 +234,7 @@ class rate_core {
   bool try_take(std::size_t n, clock::time_point now) {
     if (!waiters_.empty() || policy_.ready_at(n, now) > now) return false;
     policy_.take(n, now);
+    ++stats_->acquired;
     return true;
   }
 
@@ -231,6 +251,8 @@ class rate_core {
       }
       waiters_.pop_front();
       policy_.take(w->n, now);
+      ++stats_->acquired;
+      stats_->record_wait(now - w->granted_at);
       w->granted_at = now;
       w->complete(error_code{});
     }
@@ -238,11 +260,18 @@ class rate_core {
   }
 
   static void on_event(void* self) { static_cast<rate_core*>(self)->service(); }
+  static void on_cancelled(void* self) {
+    auto* core = static_cast<rate_core*>(self);
+    ++core->stats_->cancelled;
+    core->service();
+  }
 
   const char* name_;
   Policy policy_;
   asio::any_io_executor ex_;
   clock_source clock_;
+  stats_sink own_stats_;
+  stats_sink* stats_ = &own_stats_;
   waiter_list waiters_;
   rate_timer timer_;
   std::shared_ptr<bool> alive_;
@@ -309,6 +338,15 @@ class rate_limiter_api {
   [[nodiscard]] std::size_t waiters() const noexcept { return core_.waiters(); }
   /// The most operations that ever waited at once.
   [[nodiscard]] std::size_t max_waiters() const noexcept { return core_.max_waiters(); }
+
+  /// What the limiter has done and is doing (see `sluice::stats`): requests
+  /// granted (`acquire(n)` counts once), `throttled` (requests that had to
+  /// wait, and `try_acquire` refusals), cancelled waits, waiting now, the
+  /// wait of every grant (0 for those that did not wait); `in_use` is the
+  /// units the window (or the bucket) holds now, `limit` the quota (`calls`,
+  /// or `burst`); no hold time. On the limiter's clock; O(buckets) plus, for
+  /// a window, the starts that expired since the last call. Allocates nothing.
+  [[nodiscard]] sluice::stats stats() const { return core_.stats(); }
 
  protected:
   friend struct rate_access;

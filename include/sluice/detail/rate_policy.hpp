@@ -119,6 +119,17 @@ class sliding_window {
   [[nodiscard]] std::size_t calls() const noexcept { return calls_; }
   [[nodiscard]] clock::duration per() const noexcept { return per_; }
 
+  // For stats(): the starts still in the window at `now`, and the quota.
+  [[nodiscard]] std::size_t in_use(clock::time_point now) const noexcept {
+    std::size_t used = used_;
+    for (const auto& s : starts_) {
+      if (leaves_at(s.at) > now) break;
+      used -= s.count;
+    }
+    return used;
+  }
+  [[nodiscard]] std::size_t limit() const noexcept { return calls_; }
+
  private:
   struct start {
     clock::time_point at;
@@ -193,6 +204,14 @@ class bucket {
   }
   [[nodiscard]] std::size_t burst() const noexcept { return burst_; }
   [[nodiscard]] clock::duration interval() const noexcept { return interval_; }
+
+  // For stats(): the tokens taken and not refilled yet at `now` (a token
+  // partly refilled counts as taken), and the burst.
+  [[nodiscard]] std::size_t in_use(clock::time_point now) const noexcept {
+    const double taken = std::ceil(static_cast<double>(burst_) - tokens(now));
+    return taken <= 0 ? 0 : static_cast<std::size_t>(taken);
+  }
+  [[nodiscard]] std::size_t limit() const noexcept { return burst_; }
 
  private:
   clock::duration scaled(std::size_t n) const noexcept {

@@ -3,7 +3,9 @@
 #define SLUICE_DETAIL_SHARED_PERMIT_CORE_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/stats_recorder.hpp>
 #include <sluice/detail/waiter_list.hpp>
+#include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -29,6 +31,7 @@ class shared_permit_core;
 // thread, once, after the op has left the list.
 struct shared_wait_node : waiter_node {
   std::atomic<bool> linked{false};
+  clock::time_point since{};  // when it was queued (its wait time)
   shared_permit_core* core = nullptr;
   void (*grant_fn)(shared_wait_node*, error_code) = nullptr;
 };
@@ -48,10 +51,12 @@ class shared_permit_core {
   static constexpr std::uint64_t one_waiter = std::uint64_t{1} << 32;
   static constexpr std::uint64_t value_mask = one_waiter - 1;
 
-  shared_permit_core(std::size_t initial, asio::any_io_executor ex) : ex_(std::move(ex)) {
+  shared_permit_core(std::size_t initial, asio::any_io_executor ex)
+      : ex_(std::move(ex)), initial_(initial) {
     if (initial > value_mask)
       throw std::invalid_argument("sluice::shared_semaphore: initial value above 2^32 - 1");
     word_.store(initial, std::memory_order_relaxed);
+    stats_.bind(ex_);
   }
   shared_permit_core(const shared_permit_core&) = delete;
   shared_permit_core& operator=(const shared_permit_core&) = delete;
@@ -76,8 +81,10 @@ class shared_permit_core {
     std::uint64_t w = word_.load(std::memory_order_relaxed);
     while ((w & ~value_mask) == 0 && (w & value_mask) != 0) {
       if (word_.compare_exchange_weak(w, w - 1, std::memory_order_acquire,
-                                      std::memory_order_relaxed))
+                                      std::memory_order_relaxed)) {
+        stats_.acquired.fetch_add(1, std::memory_order_relaxed);
         return true;
+      }
     }
     return false;
   }
@@ -107,13 +114,17 @@ class shared_permit_core {
           return;
       }
     }
+    stats_.acquired.fetch_add(1, std::memory_order_relaxed);
+    stats_.record_wait(stats_.now() - granted->since);
     granted->grant_fn(granted, error_code{});
   }
 
   // Takes a permit or queues `op`; in the first case completes it at once
   // (through a post).
-  void start(shared_wait_node* op) {
+  void start(shared_wait_node* op, const asio::any_io_executor& waiter_ex) {
     op->core = this;
+    stats_.bind(waiter_ex);
+    op->since = stats_.now();
     bool ready = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -133,7 +144,10 @@ class shared_permit_core {
         }
       }
     }
-    if (ready) op->grant_fn(op, error_code{});
+    if (ready) {
+      stats_.acquired.fetch_add(1, std::memory_order_relaxed);
+      op->grant_fn(op, error_code{});
+    }
   }
 
   // Removes a waiting op; false if it was already granted or removed.
@@ -143,6 +157,7 @@ class shared_permit_core {
     waiters_.erase(op);
     op->linked.store(false, std::memory_order_relaxed);
     word_.fetch_sub(one_waiter, std::memory_order_relaxed);
+    stats_.cancelled.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
@@ -158,6 +173,12 @@ class shared_permit_core {
   }
   [[nodiscard]] const asio::any_io_executor& executor() const noexcept { return ex_; }
 
+  [[nodiscard]] shared_stats_sink& stats_sink() noexcept { return stats_; }
+  [[nodiscard]] sluice::stats stats() const noexcept {
+    const std::size_t v = value();
+    return stats_.read(waiters(), initial_ > v ? initial_ - v : 0, initial_);
+  }
+
  private:
   static void check_overflow(std::uint64_t w) {
     if ((w & value_mask) == value_mask)
@@ -165,6 +186,8 @@ class shared_permit_core {
   }
 
   asio::any_io_executor ex_;
+  std::size_t initial_;
+  shared_stats_sink stats_;
   std::atomic<std::uint64_t> word_{0};
   mutable std::mutex mu_;
   waiter_list waiters_;  // guarded by mu_
@@ -265,9 +288,11 @@ void start_shared_wait(shared_permit_core& core, Handler&& handler, const char* 
   using op_type = shared_wait_op<std::decay_t<Handler>>;
   require_executor<std::decay_t<Handler>>(core.executor(), what);
   std::decay_t<Handler> h(std::forward<Handler>(handler));
+  const asio::any_io_executor waiter_ex =
+      stats_executor(asio::get_associated_executor(h, core.executor()));
   op_type* op = op_type::create(std::move(h), core.executor());
   op->arm_cancellation();  // before the op can be granted by another thread
-  core.start(op);
+  core.start(op, waiter_ex);
 }
 
 }  // namespace sluice::detail

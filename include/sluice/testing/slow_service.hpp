@@ -26,15 +26,19 @@
 
 namespace sluice::testing {
 
-/// What a latency or failure model sees of one call.
+/// What a latency or failure model sees of one call. `key` and `op` are
+/// `std::string_view`s of the caller's arguments, valid while the model runs:
+/// copy them (`std::string(info.key)`) to keep them.
 struct call_info {
   std::size_t index;       ///< 0-based, in order of arrival
-  std::string_view key;    ///< the caller's key ("" if none)
-  std::string_view op;     ///< the caller's operation name ("" if none)
+  std::string_view key;    ///< the caller's key ("" if none); a view, see above
+  std::string_view op;     ///< the caller's operation name ("" if none); a view
   std::size_t tokens = 1;  ///< the call's weight against `quota::tokens_per_window`
 };
 
-/// Per-call latency: any function of the call.
+/// Per-call latency: any function of the call, returning a
+/// `std::chrono::nanoseconds`, which is `sluice::clock::duration` (any
+/// `std::chrono` duration that converts exactly, `1s` or `120ms`, will do).
 using latency_model = std::function<std::chrono::nanoseconds(const call_info&)>;
 /// Per-call failure: true makes the call throw `service_error` after its latency.
 using failure_model = std::function<bool(const call_info&)>;
