@@ -611,8 +611,10 @@ bool contains_block(const std::vector<std::string>& hay, const std::vector<std::
 
 TEST_CASE("guide: every cpp block of docs/asyncio.md appears in a guide test file",
           "[asyncio_guide]") {
-  const std::string self = __FILE__;
-  const auto tests_dir = self.substr(0, self.find_last_of('/'));
+  // The source directory comes from CMake: __FILE__ may be relative (ccache's
+  // CCACHE_BASEDIR rewrites it), and ctest runs from the build tree.
+  const std::string tests_dir = SLUICE_TESTS_SOURCE_DIR;
+  const std::string self = tests_dir + "/asyncio_guide_test.cpp";
   const auto guide = trimmed_lines(read_file(tests_dir + "/../docs/asyncio.md"));
   const auto source = trimmed_lines(read_file(self));
   // The Redis row lives in its own test (it needs a redis-server): a block may
