@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
+#include <support/lifetime.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -577,4 +578,26 @@ TEST_CASE("spawn_when_ready from a caller cancelled before the call starts nothi
   }));
   CHECK(threw);
   CHECK(!ran);
+}
+
+TEST_CASE("an io_context destroyed while run() waits for its children frees the waiting frames",
+          "[task_group][lifetime]") {
+  using sluice_test::lifetime_counter;
+  const int before = lifetime_counter::live();
+  {
+    sluice::testing::virtual_loop loop;
+    asio::co_spawn(
+        loop.get_executor(),
+        []() -> asio::awaitable<void> {
+          lifetime_counter in_parent;
+          co_await sluice::task_group::run([](sluice::task_group& g) -> asio::awaitable<void> {
+            g.spawn(sluice::sleep(std::chrono::hours(1)));
+            co_return;
+          });
+        },
+        asio::detached);
+    loop.run_for(std::chrono::seconds(1));
+    CHECK(lifetime_counter::live() == before + 1);
+  }
+  CHECK(lifetime_counter::live() == before);
 }

@@ -154,10 +154,21 @@ class loop_service final : public asio::execution_context::service {
   static std::shared_ptr<loop_life> life_of(asio::execution_context& ctx) {
     return asio::use_service<loop_service>(ctx).life_;
   }
+  // The same for an executor's context; null for an executor without one
+  // (use_future's: it only fulfils a promise, there is no loop to outlive).
   template <class Executor>
   static std::shared_ptr<loop_life> life_of_executor(const Executor& ex) {
-    return life_of(asio::query(ex, asio::execution::context_as<asio::execution_context&>));
+    if constexpr (has_context<Executor>) {
+      return life_of(asio::query(ex, asio::execution::context_as<asio::execution_context&>));
+    } else {
+      return nullptr;
+    }
   }
+
+  template <class Executor>
+  static constexpr bool has_context =
+      asio::can_query<const Executor&,
+                      asio::execution::context_as_t<asio::execution_context&>>::value;
 
  private:
   void shutdown() override { life_->end(); }
@@ -185,14 +196,16 @@ class loop_held_handler : private loop_hook {
   // Holds `h` (which completes on its associated executor, else `fallback`).
   template <class Handler, class Executor>
   void hold(Handler&& h, const Executor& fallback) {
-    auto& ctx = asio::query(asio::get_associated_executor(h, fallback),
-                            asio::execution::context_as<asio::execution_context&>);
+    const auto ex = asio::get_associated_executor(h, fallback);
     let_go();
     handler_ = erased_handler<Args...>(std::forward<Handler>(h), fallback);
-    if (&ctx != ctx_ || !life_ || !life_->attach_local(*this)) {
-      life_ = loop_service::life_of(ctx);
-      ctx_ = &ctx;
-      life_->attach_local(*this);
+    if constexpr (loop_service::has_context<decltype(ex)>) {
+      auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
+      if (&ctx != ctx_ || !life_ || !life_->attach_local(*this)) {
+        life_ = loop_service::life_of(ctx);
+        ctx_ = &ctx;
+        life_->attach_local(*this);
+      }
     }
   }
 
