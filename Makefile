@@ -14,6 +14,11 @@
 #   make bench-docs  bench-boost, then copies the plots to docs/ and regenerates the
 #                tables of docs/performance.md (the block between <!-- bench:begin/end -->)
 #                and the README's headline (<!-- bench-headline:begin/end -->)
+#   make bench-peers  sluice beside Go, tokio, asyncio and Trio on the same workloads
+#                (benchmarks/peers.py; installs PEER_PACKAGES, builds the Go and Rust peers
+#                offline): build/bench/peers.json, the block between <!-- bench-peers:begin/end -->
+#                of docs/performance.md, and (when `make bench` ran) report.json and the plot.
+#                Not in CI (it installs toolchains).
 #   make adaptive-docs  the adaptive_limit table and plot (examples/adaptive_limits, virtual
 #                time, exact): build/adaptive/table.md, docs/adaptive_limit.{png,svg}
 #   make docs    README.md, docs/*.md and the API reference (Doxygen) as one site under
@@ -25,6 +30,8 @@
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen redis-server libhiredis-dev pkg-config python3-matplotlib wrk
+# The peers of `make bench-peers` only (not CI's): Go + x/sync, Rust + tokio + futures, Trio.
+PEER_PACKAGES = golang-go golang-golang-x-sync-dev cargo librust-tokio-dev librust-futures-dev python3-trio
 PYTHON   ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
 SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O0 -g1 -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -32,7 +39,7 @@ CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
 TSAN_TESTS = to_thread shared_semaphore affinity strand_bound task_group lock semaphore event condition queue gather map_unordered
 
-.PHONY: deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench bench-docs bench-boost adaptive-docs docs fuzz fuzz-ci fuzz-build clean
+.PHONY: bench-peers deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench bench-docs bench-boost adaptive-docs docs fuzz fuzz-ci fuzz-build clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -92,6 +99,15 @@ bench: deps
 
 bench-docs:
 	$(MAKE) bench-boost BENCH_ARGS="--docs docs --page docs/performance.md --readme README.md"
+
+bench-peers: deps
+	@$(MAKE) --no-print-directory deps PACKAGES="$(PEER_PACKAGES)"
+	$(call configure,bench,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF)
+	cmake --build build/bench -j$(JOBS) --target sluice_peer
+	$(call configure,bench-boost,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_USE_BOOST_ASIO=ON)
+	cmake --build build/bench-boost -j$(JOBS) --target sluice_peer
+	$(PYTHON) benchmarks/peers.py --build build/bench --boost-build build/bench-boost --out build/bench --page docs/performance.md $(PEERS_ARGS)
+	@if ls build/bench/*_bench.json >/dev/null 2>&1; then $(PYTHON) benchmarks/report.py --no-run --out build/bench; fi
 
 adaptive-docs: deps
 	$(call configure,adaptive,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)

@@ -64,7 +64,7 @@ void BM_redis_semaphore_acquire_release(benchmark::State& state) {
   auto& f = shared();
   if (!f.conn) return state.SkipWithError("no redis-server");
   sluice::redis::semaphore sem{f.conn, "bench", 5, 2s};
-  // A fresh server holds back grants for one lease + 1 s after it starts
+  // A fresh server holds back grants for one renewal interval + a margin after it starts
   // (restart safety): the first acquire waits that out, outside the timing.
   run_once(f, [&]() -> asio::awaitable<void> {
     co_await sem.acquire();

@@ -20,7 +20,9 @@
    the headline between `<!-- bench-headline:begin -->` and
    `<!-- bench-headline:end -->` from the same numbers (nothing in either is
    typed by hand).
---no-run skips 1 and rebuilds 2-4 from the JSON already in OUT.
+--no-run skips 1 and rebuilds 2-4 from the JSON already in OUT. OUT/peers.json
+(`make bench-peers`, benchmarks/peers.py) is folded in when present: its
+results as "peers:<program>/<workload>/<kind>" timings and a plot group.
 """
 import argparse
 import glob
@@ -120,6 +122,16 @@ def collect(out):
             # These binaries share case names (their own floors): keep a
             # copy under "<binary>:<case>" so each ratio stays in one process.
             load_google(path, timings, [], base[:-len(".json")] + ":")
+    peers = os.path.join(out, "peers.json")  # make bench-peers (benchmarks/peers.py)
+    if os.path.exists(peers):
+        with open(peers) as f:
+            data = json.load(f)
+        for key, r in data["results"].items():
+            if "ns" in r:
+                timings["peers:" + key] = r["ns"]
+            if "peak_rss_kib" in r:
+                timings["peers:" + key + "/peak_rss_kb"] = r["peak_rss_kib"]
+        context = dict(context, peers=data["context"])
     for path in sorted(glob.glob(os.path.join(out, "*_asyncio.json"))):
         with open(path) as f:
             data = json.load(f)
@@ -317,14 +329,18 @@ def markdown(t, study, target_rows):
             cells.append(", ".join("—" if a is None else f"{a:.2f}" for a in allocs))
             out.append(f"| {n:,} | {form} | " + " | ".join(cells) + " |")
     for pre, where in [("", "this Asio"), ("boost:", "Boost.Asio 1.81 (Asio 1.26; `make bench-boost`)")]:
-        pg = sorted(k for k in t if k.startswith(pre + "parallel_group_ranged/"))
+        # Only the timings "<pre>parallel_group_ranged/<kind>/10000": the same
+        # prefix also names their allocation counts ("/allocs").
+        pg = [(kind, t[k]) for kind in ("immediate", "suspending")
+              for k in [f"{pre}parallel_group_ranged/{kind}/10000"] if k in t]
         if pg:
             parts = []
-            for k in pg:
-                kind = k.split("/")[1]
+            for kind, v in pg:
                 g = t.get(f"{pre}gather_lazy/{kind}/10000")
-                parts.append(f"{kind}: {fmt_ns(t[k])} ns/task" +
-                             (f" (sluice `gather` {fmt_ns(g)}, {g / t[k]:.2f}x)" if g else ""))
+                allocs = t.get(f"{pre}parallel_group_ranged/{kind}/10000/allocs")
+                parts.append(f"{kind}: {fmt_ns(v)} ns/task" +
+                             (f", {allocs:.2f} allocations/task" if allocs is not None else "") +
+                             (f" (sluice `gather` {fmt_ns(g)} ns/task, {g / v:.2f}x)" if g else ""))
             out += ["", f"Ranged `make_parallel_group(ops).async_wait(wait_for_all())` on {where}, "
                     "10,000 tasks — " + "; ".join(parts) + "."]
     if not any(k.startswith(("parallel_group_ranged/", "boost:parallel_group_ranged/")) for k in t):
@@ -524,9 +540,17 @@ def plot_ns(t, out):
           ("Asio: workers + channel", "mu_channel_pool/{k}/64", "asio"),
           ("lazy floor", "mu_floor_lazy/{k}/64", "floor"),
           ("asyncio wait(FIRST_COMPLETED)", "asyncio_map_unordered/{k}/64", "asyncio")]),
+        ("peers (make bench-peers), limit 100, 100k tasks; Python 20k",
+         [("sluice gather_with_concurrency", "peers:sluice/fanout/{k}", "sluice"),
+          ("sluice, io_context UNSAFE hint", "peers:sluice_unsafe/fanout/{k}", "sluice"),
+          ("Asio floor", "peers:floor/fanout/{k}", "floor"),
+          ("Go errgroup SetLimit (P=1)", "peers:go/fanout/{k}", "peer"),
+          ("tokio buffered(100)", "peers:tokio/fanout/{k}", "peer"),
+          ("asyncio semaphore + create_task", "peers:asyncio/fanout/{k}", "asyncio"),
+          ("Trio CapacityLimiter + nursery", "peers:trio/fanout/{k}", "asyncio")]),
     ]
     colors = {"sluice": "tab:blue", "asio": "tab:orange", "floor": "tab:gray",
-              "asyncio": "tab:green"}
+              "asyncio": "tab:green", "peer": "tab:purple"}
     rows, y = [], 0  # (y, label, key, category), one row per workload present in either kind
     for gname, items in groups:
         for label, key, cat in items:
@@ -534,7 +558,7 @@ def plot_ns(t, out):
                 rows.append((y, f"{label}  [{gname}]", key, cat))
                 y += 1
         y += 0.6
-    fig, axes = plt.subplots(1, 2, figsize=(13, 8))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 9.5))
     for i, (ax, k) in enumerate(zip(axes, ("immediate", "suspending"))):
         shown = [(yy, t[key.format(k=k)], colors[cat]) for yy, _, key, cat in rows
                  if key.format(k=k) in t]
@@ -548,7 +572,7 @@ def plot_ns(t, out):
         ax.set_title(f"tasks {'completing at once' if k == 'immediate' else 'suspending once'}")
         ax.grid(True, axis="x", which="both", alpha=0.3)
     fig.suptitle("Per-task cost: sluice (blue), Asio peers (orange), floor (gray), "
-                 "Python asyncio (green)")
+                 "Go and tokio (purple), Python asyncio and Trio (green)")
     fig.tight_layout()
     for ext in ("png", "svg"):
         fig.savefig(os.path.join(out, f"ns_per_task.{ext}"), dpi=110)

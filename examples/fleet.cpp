@@ -25,11 +25,13 @@
 #include <support/redis_run.hpp>
 #include <support/redis_server.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -62,6 +64,13 @@ const char* enter_provider_lua =
     "if v > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], v) end "
     "return v";
 
+// The provider's side of fencing: a write to a record carries the writer's
+// token; a token lower than the record's last one is rejected (counted).
+const char* fenced_write_lua =
+    "local last = tonumber(redis.call('GET', KEYS[1]) or '0') "
+    "if tonumber(ARGV[1]) < last then redis.call('INCR', KEYS[3]) return 0 end "
+    "redis.call('SET', KEYS[1], ARGV[1]) redis.call('RPUSH', KEYS[2], ARGV[1]) return 1";
+
 // One client process: 14 calls gathered at once, each behind the cap.
 int run_client(int port, int replica, double scale, const std::string& mode) {
   asio::io_context ctx;
@@ -74,22 +83,36 @@ int run_client(int port, int replica, double scale, const std::string& mode) {
         sluice::redis::rate_limiter fleet_rate{conn, "places-api:rate", 200, 1s};
         const std::string inflight = "provider:" + mode + ":inflight";
         const std::string peak = "provider:" + mode + ":max";
-        auto call = [&](std::string query) -> asio::awaitable<void> {
-          if (mode == "local") {
-            co_await local_cap.acquire();
-          } else {
-            co_await fleet_cap.acquire();
-            co_await fleet_rate.acquire();
-          }
+        // The places API answering; `token` is the caller's fencing token (0
+        // without one). The provider keeps, per record, the highest token that
+        // wrote it and rejects a lower one: a holder paused past its lease
+        // (whose permit went to a newer holder) cannot overwrite newer data.
+        auto provider = [&](const std::string& query, std::int64_t token) -> asio::awaitable<void> {
           co_await conn->execute("EVAL", enter_provider_lua, "2", inflight, peak);
           const auto latency = std::chrono::milliseconds(
               static_cast<long>((1000 + static_cast<long>(fnv1a(query) % 4001)) * scale));
-          co_await sluice_test::sleep_ms(latency.count());  // the places API answering
+          co_await sluice_test::sleep_ms(latency.count());
+          if (token != 0) {
+            sluice::redis::reply r = co_await conn->execute(
+                "EVAL", fenced_write_lua, "3",
+                "provider:record:" + query.substr(0, query.find('#')), "provider:tokens",
+                "provider:rejected", std::to_string(token));
+            (void)r;
+          }
           co_await conn->execute("DECR", inflight);
+        };
+        auto call = [&](std::string query) -> asio::awaitable<void> {
           if (mode == "local") {
+            co_await local_cap.acquire();
+            co_await provider(query, 0);
             local_cap.release();
           } else {
-            fleet_cap.release();
+            // The body is cancelled (and run() throws lease_lost) if the
+            // permit's lease stops being certain while it runs.
+            co_await fleet_cap.run([&](std::int64_t token) -> asio::awaitable<void> {
+              co_await fleet_rate.acquire();
+              co_await provider(query, token);
+            });
           }
         };
         std::vector<asio::awaitable<void>> calls;
@@ -154,9 +177,9 @@ int main(int argc, char** argv) {
       scale, server->port());
 
   {
-    // A fresh server grants nothing for a lease + 1 s after it starts (so that
-    // holders can re-claim their permits after a restart): wait that out here,
-    // so that the timings below show the cap alone.
+    // A fresh server grants nothing for one renewal interval + a margin after
+    // it starts (so that holders can re-claim their permits after a restart):
+    // wait that out here, so that the timings below show the cap alone.
     asio::io_context ctx;
     sluice_test::run_for(ctx, [&]() -> asio::awaitable<void> {
       auto conn = co_await sluice_test::connect_to(server->port());
@@ -177,7 +200,28 @@ int main(int argc, char** argv) {
       "one sluice::redis::semaphore{5} + rate_limiter{200/s} shared by the fleet:\n"
       "  max in flight at the provider: %lld, %.2f s\n",
       shared.max_in_flight, shared.seconds);
-  const bool ok = local.ok && shared.ok && shared.max_in_flight == 5 && local.max_in_flight > 5;
+  auto [tokens, rejected] = [&] {
+    asio::io_context ctx;
+    return sluice_test::run_for(
+        ctx, [&]() -> asio::awaitable<std::pair<std::vector<long long>, long long>> {
+          auto conn = co_await sluice_test::connect_to(server->port());
+          sluice::redis::reply r = co_await conn->execute("LRANGE", "provider:tokens", "0", "-1");
+          sluice::redis::reply x = co_await conn->execute("GET", "provider:rejected");
+          co_await conn->close();
+          std::vector<long long> t;
+          for (const auto& e : r.elements) t.push_back(std::stoll(e.str));
+          co_return std::make_pair(std::move(t), x.is_nil() ? 0LL : std::stoll(x.str));
+        }());
+  }();
+  std::sort(tokens.begin(), tokens.end());
+  const bool distinct = std::adjacent_find(tokens.begin(), tokens.end()) == tokens.end();
+  std::printf(
+      "  fencing tokens the provider saw: %zu grants, %s, %lld .. %lld; stale writes "
+      "rejected: %lld\n",
+      tokens.size(), distinct ? "all distinct" : "DUPLICATES", tokens.empty() ? 0 : tokens.front(),
+      tokens.empty() ? 0 : tokens.back(), rejected);
+  const bool ok = local.ok && shared.ok && shared.max_in_flight == 5 && local.max_in_flight > 5 &&
+                  distinct && tokens.size() == 4 * queries.size();
   if (!ok) std::printf("UNEXPECTED: the fleet-wide cap did not hold\n");
   return ok ? 0 : 1;
 }

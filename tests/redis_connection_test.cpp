@@ -8,9 +8,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
+using namespace std::chrono_literals;
 using sluice::redis::errc;
 using sluice::redis::make_error_code;
 using sluice::redis::reply;
@@ -211,4 +214,77 @@ TEST_CASE("connecting to a port nobody listens on throws", "[redis]") {
   asio::io_context ctx;
   const int port = sluice_test::free_port();
   CHECK_THROWS_AS(run_for(ctx, connect_to(port)), sluice::system_error);
+}
+
+TEST_CASE("AUTH (ACL user) and SELECT are sent again on every reconnect, after CLIENT KILL",
+          "[redis]") {
+  auto server = sluice_test::server_or_skip({}, {"--requirepass", "s3cret"});
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    sluice::redis::options admin_o;
+    admin_o.port = static_cast<std::uint16_t>(server.port());
+    admin_o.password = "s3cret";
+    auto admin = co_await sluice::redis::connect(ex, admin_o);
+    co_await admin->execute("ACL", "SETUSER", "svc", "on", ">pw2", "~*", "&*", "+@all");
+    sluice::redis::options o = admin_o;
+    o.user = "svc";
+    o.password = "pw2";
+    o.db = 3;
+    auto c = co_await sluice::redis::connect(ex, o);
+    auto info = [&]() -> asio::awaitable<std::string> {
+      co_return (co_await c->execute("CLIENT", "INFO")).str;
+    };
+    {
+      const std::string got = co_await info();
+      CHECK(got.find("user=svc") != std::string::npos);
+      CHECK(got.find(" db=3 ") != std::string::npos);
+    }
+    for (int round = 0; round < 3; ++round) {
+      co_await admin->execute("CLIENT", "KILL", "USER", "svc");
+      for (int i = 0; i < 100 && c->is_open(); ++i) co_await sleep_ms(5);
+      CHECK_FALSE(c->is_open());
+      const std::string got = co_await info();  // reconnects, authenticated, in db 3
+      CHECK(got.find("user=svc") != std::string::npos);
+      CHECK(got.find(" db=3 ") != std::string::npos);
+    }
+    // connect_again (a semaphore's pub/sub connection) authenticates too.
+    auto c2 = co_await c->connect_again();
+    {
+      const std::string got = (co_await c2->execute("CLIENT", "INFO")).str;
+      CHECK(got.find("user=svc") != std::string::npos);
+    }
+    // A wrong password is a clear error, not a hang.
+    sluice::redis::options bad = o;
+    bad.password = "wrong";
+    const auto ec = co_await sluice_test::error_of(sluice::redis::connect(ex, bad));
+    CHECK(ec == sluice::redis::make_error_code(sluice::redis::errc::handshake_failed));
+    co_await c2->close();
+    co_await c->close();
+    co_await admin->close();
+  }());
+}
+
+TEST_CASE("a stalled server fails the pending calls after command_timeout; then it reconnects",
+          "[redis]") {
+  auto server = sluice_test::server_or_skip();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    sluice::redis::options o;
+    o.port = static_cast<std::uint16_t>(server.port());
+    o.command_timeout = 300ms;
+    auto c = co_await sluice::redis::connect(co_await asio::this_coro::executor, o);
+    co_await c->execute("SET", "k", "v");
+    server.pause();  // SIGSTOP: the socket stays open, nothing answers
+    const auto start = std::chrono::steady_clock::now();
+    const auto ec = co_await sluice_test::error_of(c->execute("GET", "k"));
+    const auto waited = std::chrono::steady_clock::now() - start;
+    server.resume();
+    CHECK(ec == sluice::redis::make_error_code(sluice::redis::errc::timed_out));
+    CHECK(waited < 5s);  // a hang would be TCP's minutes
+    CHECK(c->pending() == 0);
+    const auto r = co_await c->execute("GET", "k");  // a new socket
+    CHECK(r.str == "v");
+    co_await c->close();
+  }());
 }

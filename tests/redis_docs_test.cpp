@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 TEST_CASE("redis.md: a fleet-wide semaphore and rate limiter around the call", "[docs]") {
   const auto port = static_cast<std::uint16_t>(sluice_test::shared_redis_server().port());
@@ -52,4 +53,37 @@ sluice::redis::rate_limiter rpm{conn, "places-api:rpm", 60, std::chrono::minutes
   CHECK(held_during_call == 1);
   CHECK(free_during_call == 4);
   CHECK(free_after == 5);
+}
+
+TEST_CASE("redis.md: production options, run() with a fencing token", "[docs]") {
+  auto server = sluice_test::server_or_skip({}, {"--requirepass", "s3cret"});
+  const auto port = static_cast<std::uint16_t>(server.port());
+  asio::io_context ctx;
+  std::int64_t seen_token = 0;
+  std::string db;
+  sluice_test::run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    auto call_places_api = [&](std::int64_t token) -> asio::awaitable<void> {
+      seen_token = token;
+      co_return;
+    };
+    // clang-format off
+sluice::redis::options o;
+o.port = port;
+o.password = "s3cret";                         // AUTH (set o.user too for an ACL user)
+o.db = 2;                                      // SELECT
+o.command_timeout = std::chrono::seconds(1);   // a silent server fails calls after 1 s
+auto conn = co_await sluice::redis::connect(ex, o);
+sluice::redis::semaphore cap{conn, "places-api", 5, std::chrono::seconds(5)};
+co_await cap.run([&](std::int64_t fencing_token) -> asio::awaitable<void> {
+  co_await call_places_api(fencing_token);     // cancelled if the lease stops being certain
+});
+    // clang-format on
+    CHECK(cap.held() == 0);
+    db = (co_await conn->execute("CLIENT", "INFO")).str;
+    co_await cap.close();
+    co_await conn->close();
+  }());
+  CHECK(seen_token > 0);
+  CHECK(db.find(" db=2 ") != std::string::npos);
 }

@@ -135,3 +135,17 @@ TEST_CASE("a cancelled rate_limiter waiter takes nothing", "[redis_rate_limiter]
   }());
   CHECK_THROWS_AS(sluice::redis::rate_limiter(nullptr, "x", 1, 1s), std::invalid_argument);
 }
+
+TEST_CASE("rate_limiter rejects limits above 2^53 and names that break the hash tag",
+          "[redis_rate_limiter]") {
+  const auto& server = sluice_test::shared_redis_server();
+  asio::io_context ctx;
+  auto conn = run_for(ctx, sluice_test::connect_to(server.port()));
+  using rl = sluice::redis::rate_limiter;
+  CHECK_THROWS_AS(rl(conn, "big", (std::size_t{1} << 53) + 1, std::chrono::seconds(1)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(rl(conn, "", 1, std::chrono::seconds(1)), std::invalid_argument);
+  CHECK_THROWS_AS(rl(conn, "}{x", 1, std::chrono::seconds(1)), std::invalid_argument);
+  CHECK_NOTHROW(rl(conn, "fine", 1, std::chrono::seconds(1)));
+  run_for(ctx, conn->close());
+}

@@ -351,8 +351,8 @@ TEST_CASE("redis-server stopped mid-run: waiters fail clearly; restarted: holder
       [&]() -> asio::awaitable<void> {
         auto a = co_await connect_to(server.port());
         auto b = co_await connect_to(server.port());
-        sluice::redis::semaphore sa{a, "restart", 1, 500ms};
-        sluice::redis::semaphore sb{b, "restart", 1, 500ms};
+        sluice::redis::semaphore sa{a, "restart", 1, 1500ms};
+        sluice::redis::semaphore sb{b, "restart", 1, 1500ms};
         co_await sa.acquire();
         std::vector<sluice::error_code> failures;
         auto ex = co_await asio::this_coro::executor;

@@ -236,7 +236,18 @@ TEST_CASE("1000 cancellations racing grants on other threads lose no permit", "[
     std::minstd_rand rng(static_cast<unsigned>(s) + 1);
     std::uniform_int_distribution<int> patience_us(0, 300), hold_us(0, 100);
     for (int i = 0; cancelled.load() < wanted || i < 20; ++i) {
-      if (i % 2 == 0) {  // a scoped permit racing a timeout
+      if (i % 3 == 2) {  // acquire() / release() racing a timeout (the free case is the fast path)
+        auto r = co_await (sem.acquire() || pause(std::chrono::microseconds(patience_us(rng))));
+        if (r.index() == 1) {
+          ++cancelled;
+          continue;
+        }
+        ++granted;
+        raise_to(most_holders, ++holders);
+        co_await pause(std::chrono::microseconds(hold_us(rng)));
+        --holders;
+        sem.release();
+      } else if (i % 3 == 0) {  // a scoped permit racing a timeout
         auto r =
             co_await (sem.scoped_acquire() || pause(std::chrono::microseconds(patience_us(rng))));
         if (r.index() == 1) {

@@ -64,8 +64,10 @@ class stop_listener {
 /// asio::signal_set signals(ex, SIGINT, SIGTERM);
 /// signals.async_wait([&](auto, int) { stop.request(std::chrono::seconds(5)); });
 /// co_await sluice::task_group::run(16, [&](sluice::task_group& g) -> asio::awaitable<void> {
-///   while (auto job = co_await jobs.get())
-///     if (!co_await g.spawn_when_ready(run_job(*job))) break;   // false once stopping
+///   for (;;) {
+///     job j = co_await jobs.get();                               // a sluice::queue<job>
+///     if (!co_await g.spawn_when_ready(run_job(j))) co_return;  // false once stopping
+///   }
 /// }, stop);
 /// signals.cancel();
 /// @endcode

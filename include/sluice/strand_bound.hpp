@@ -231,7 +231,18 @@ class strand_bound {
     auto pass_on = [this, args...] {
       give_back(args...);
     };
-    return call<void>(std::move(make), std::move(pass_on));
+    if constexpr (requires(L & l) {
+                    { l.try_acquire(args...) } -> std::same_as<bool>;
+                  }) {
+      // The free case costs no coroutine on the strand: L's own acquire()
+      // takes that path first too (no barging: it fails while others wait).
+      auto fast = [this, args...] {
+        return limit_.try_acquire(args...);
+      };
+      return call<void>(std::move(make), std::move(pass_on), std::move(fast));
+    } else {
+      return call<void>(std::move(make), std::move(pass_on));
+    }
   }
 
   /// `L::scoped_acquire(args...)` on the strand; the permit's release is
@@ -439,8 +450,8 @@ class strand_bound {
   // directly when the caller is on the strand, else through detail::hop. A
   // result granted before a cancellation reached the strand is handed to
   // pass_on() (posted back to the strand) and operation_aborted is thrown.
-  template <class R, class Make, class PassOn>
-  asio::awaitable<R> call(Make make, PassOn pass_on) {
+  template <class R, class Make, class PassOn, class Fast = detail::no_fast_path>
+  asio::awaitable<R> call(Make make, PassOn pass_on, Fast fast = {}) {
     const asio::any_io_executor ex = co_await asio::this_coro::executor;
     if (ex == strand_) {
       if constexpr (std::is_void_v<R>) {
@@ -453,7 +464,7 @@ class strand_bound {
     const auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     // Named, not a temporary of the co_await expression (g++ 12).
-    auto hop = detail::hop<R>(strand_, std::move(make));
+    auto hop = detail::hop<R>(strand_, std::move(make), std::move(fast));
     if constexpr (std::is_void_v<R>) {
       co_await std::move(hop);
       if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {

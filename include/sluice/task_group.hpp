@@ -203,8 +203,10 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   /// before the call starts nothing and throws `operation_aborted`.
   ///
   /// @code
-  /// while (std::optional<job> j = co_await jobs.get())      // a sluice::queue
-  ///   if (!co_await g.spawn_when_ready(run_job(*j))) break;  // at most `limit` jobs taken
+  /// for (;;) {
+  ///   job j = co_await jobs.get();                               // a sluice::queue<job>
+  ///   if (!co_await g.spawn_when_ready(run_job(j))) co_return;  // at most `limit` jobs taken
+  /// }
   /// @endcode
   [[nodiscard]] asio::awaitable<bool> spawn_when_ready(asio::awaitable<void> child) {
     affinity_.check("sluice::task_group");
@@ -365,6 +367,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   // stop_source::request: stop accepting, drop what waits, cancel the body,
   // give the running children `grace`.
   void on_stop_requested(clock::duration grace) override {
+    affinity_.check("sluice::stop_source (stopping a task_group)");
     if (stopping_) return;  // already cancelling everything
     if (!draining_) {
       draining_ = true;

@@ -106,7 +106,7 @@ inline int free_port() {
   return port;
 }
 
-// True if a Redis server answers PING on 127.0.0.1:port.
+// True if a Redis server answers PING on 127.0.0.1:port (NOAUTH counts: it is up).
 inline bool ping(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -119,7 +119,7 @@ inline bool ping(int port) {
     char buf[16] = {};
     if (::write(fd, cmd, sizeof cmd - 1) == static_cast<ssize_t>(sizeof cmd - 1) &&
         ::read(fd, buf, sizeof buf - 1) > 0)
-      ok = std::strncmp(buf, "+PONG", 5) == 0;
+      ok = std::strncmp(buf, "+PONG", 5) == 0 || std::strncmp(buf, "-NOAUTH", 7) == 0;
   }
   ::close(fd);
   return ok;
@@ -130,9 +130,13 @@ class redis_server {
   // Starts a server on a free port; nullopt if none could be started (no
   // redis-server binary, or it did not answer PING within 5 s).
   // `unix_socket`: also listen on that path.
-  static std::optional<redis_server> start(std::string unix_socket = {}) {
+  // `extra`: more redis-server arguments (e.g. {"--requirepass", "pw"}); they
+  // come after the defaults, so they may override `--save` too.
+  static std::optional<redis_server> start(std::string unix_socket = {},
+                                           std::vector<std::string> extra = {}) {
     redis_server s;
     s.unix_socket_ = std::move(unix_socket);
+    s.extra_ = std::move(extra);
     for (int attempt = 0; attempt < 3; ++attempt) {
       s.port_ = free_port();
       if (s.port_ > 0 && s.launch()) return s;
@@ -141,24 +145,37 @@ class redis_server {
   }
 
   redis_server(redis_server&& o) noexcept
-      : port_(o.port_), pid_(std::exchange(o.pid_, -1)), unix_socket_(std::move(o.unix_socket_)) {}
+      : port_(o.port_),
+        pid_(std::exchange(o.pid_, -1)),
+        unix_socket_(std::move(o.unix_socket_)),
+        extra_(std::move(o.extra_)) {}
   redis_server& operator=(redis_server&&) = delete;
   ~redis_server() { stop(); }
 
   int port() const { return port_; }
   bool running() const { return pid_ > 0; }
 
+  // Freezes the server (SIGSTOP: a stall, a partition) / lets it go on.
+  void pause() const {
+    if (pid_ > 0) ::kill(pid_, SIGSTOP);
+  }
+  void resume() const {
+    if (pid_ > 0) ::kill(pid_, SIGCONT);
+  }
+
   // Kills the server (SIGKILL: no clean shutdown, as a crash) and waits for it.
   void stop() {
     if (pid_ > 0) {
       ::kill(pid_, SIGKILL);
+      ::kill(pid_, SIGCONT);  // a stopped process dies only once it runs
       wait_process(pid_);
       pid_ = -1;
     }
   }
 
-  // Starts it again on the same port, empty (no persistence). False if it did
-  // not come up.
+  // Starts it again on the same port, with the same arguments: empty (no
+  // persistence), or from its last RDB snapshot when `extra` gave it a `--dir`
+  // and it was told to `SAVE`. False if it did not come up.
   bool restart() {
     stop();
     for (int attempt = 0; attempt < 50; ++attempt) {  // the port may linger briefly
@@ -190,6 +207,7 @@ class redis_server {
     if (!unix_socket_.empty()) {
       args.insert(args.end(), {"--unixsocket", unix_socket_, "--unixsocketperm", "700"});
     }
+    args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = spawn_process(args, true);
     if (pid_ <= 0) return false;
     for (int i = 0; i < 500; ++i) {
@@ -208,12 +226,14 @@ class redis_server {
   int port_ = -1;
   pid_t pid_ = -1;
   std::string unix_socket_;
+  std::vector<std::string> extra_;
 };
 
 // Starts a server, or ends the test binary with skip_exit_code and a message
 // (ctest then reports the test as skipped, never as passed).
-inline redis_server server_or_skip(std::string unix_socket = {}) {
-  auto s = redis_server::start(std::move(unix_socket));
+inline redis_server server_or_skip(std::string unix_socket = {},
+                                   std::vector<std::string> extra = {}) {
+  auto s = redis_server::start(std::move(unix_socket), std::move(extra));
   if (!s) {
     std::fprintf(stderr, "SKIPPED: could not start a redis-server (Debian: redis-server)\n");
     std::fflush(stderr);

@@ -95,13 +95,18 @@ asio::awaitable<void> hop_body(std::shared_ptr<hop_box<R>> box, Make make) {
   }
 }
 
+// The strand-side fast path of a call that has none.
+struct no_fast_path {
+  bool operator()() const noexcept { return false; }
+};
+
 template <class R>
 struct hop_initiation {
   asio::any_io_executor strand;
   std::shared_ptr<hop_box<R>>* out;
 
-  template <class Handler, class Make>
-  void operator()(Handler&& handler, Make make) const {
+  template <class Handler, class Make, class Fast>
+  void operator()(Handler&& handler, Make make, Fast fast) const {
     using H = std::decay_t<Handler>;
     auto box = std::make_shared<hop_box<R>>();
     *out = box;
@@ -113,8 +118,21 @@ struct hop_initiation {
     if (slot.is_connected()) slot.template emplace<hop_forward_cancel<R>>(box, strand);
     // Posted after the slot is armed: a forwarded cancellation reaches the
     // strand after the start (a strand runs what one thread posts in order).
-    asio::post(strand, [s = strand, box, caller = std::move(caller),
-                        make = std::move(make)]() mutable {
+    asio::post(strand, [s = strand, box, caller = std::move(caller), make = std::move(make),
+                        fast = std::move(fast)]() mutable {
+      // The fast path: done at once on the strand (no coroutine); an
+      // exception of it goes to the caller, not out of the strand's run().
+      std::exception_ptr error;
+      bool done = false;
+      try {
+        done = fast();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (done || error) {
+        hop_finish<R, H>{box, std::move(caller)}(error);
+        return;
+      }
       auto cs = box->signal.slot();
       asio::co_spawn(s, hop_body<R>(box, std::move(make)),
                      asio::bind_cancellation_slot(cs, hop_finish<R, H>{box, std::move(caller)}));
@@ -124,14 +142,17 @@ struct hop_initiation {
 
 // Runs make() -> asio::awaitable<R> as a coroutine on `strand` and returns its
 // result (or rethrows its exception) on the awaiting coroutine's executor.
-// The caller's cancellation is forwarded to it. Precondition: the caller is
-// not on `strand` (strand_bound calls make() directly there).
-template <class R, class Make>
-asio::awaitable<R> hop(asio::any_io_executor strand, Make make) {
+// The caller's cancellation is forwarded to it. First, on the strand, fast()
+// (void calls only): true means the call is done without waiting (a free
+// permit taken by try_acquire), and no coroutine is started. Precondition:
+// the caller is not on `strand` (strand_bound calls make() directly there).
+template <class R, class Make, class Fast = no_fast_path>
+asio::awaitable<R> hop(asio::any_io_executor strand, Make make, Fast fast = {}) {
+  static_assert(std::is_void_v<R> || std::is_same_v<Fast, no_fast_path>);
   std::shared_ptr<hop_box<R>> box;
   hop_initiation<R> init{std::move(strand), &box};
   co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(std::exception_ptr)>(
-      std::move(init), asio::use_awaitable, std::move(make));
+      std::move(init), asio::use_awaitable, std::move(make), std::move(fast));
   if constexpr (!std::is_void_v<R>) co_return std::move(*box->value);
 }
 

@@ -3,7 +3,8 @@
 #define SLUICE_REDIS_CONNECTION_HPP
 
 #include <sluice/config.hpp>
-#include <sluice/detail/redis_io.hpp>
+#include <sluice/redis/detail/io.hpp>
+#include <sluice/redis/options.hpp>
 #include <sluice/redis/reply.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -52,8 +53,14 @@ namespace sluice::redis {
 ///   the same endpoints (one attempt per call; no retry loop, no backoff). If
 ///   that attempt fails, the calls queued behind it fail with the socket's
 ///   error (e.g. `asio::error::connection_refused` while the server is down).
-///   `reconnect()` does the same explicitly. Server-side state that belonged to
-///   the old socket (SUBSCRIBE, SELECT, MULTI) is not restored.
+///   `reconnect()` does the same explicitly. `AUTH` and `SELECT` from the
+///   `options` are sent again first on every new socket; other server-side
+///   state that belonged to the old socket (SUBSCRIBE, MULTI) is not restored.
+/// - A silent server (stopped, partitioned): when the oldest call has waited
+///   `options::command_timeout`, the connection is reset and every pending
+///   call fails with `errc::timed_out`; opening the socket is bounded by
+///   `options::connect_timeout`. A rejected `AUTH`/`SELECT` fails the calls
+///   with `errc::handshake_failed`.
 ///
 /// Lifetime: the I/O (one read and at most one write outstanding) is owned by
 /// the connection's internal state, never by a detached task. `close()` fails
@@ -160,8 +167,8 @@ class connection {
   /// for SUBSCRIBE, which takes a connection for itself. Throws
   /// `sluice::system_error` if it cannot connect.
   [[nodiscard]] asio::awaitable<std::shared_ptr<connection>> connect_again() const {
-    auto io =
-        std::make_shared<sluice::detail::redis_io>(io_->executor(), io_->endpoints(), io_->tcp());
+    auto io = std::make_shared<sluice::detail::redis_io>(io_->executor(), io_->endpoints(),
+                                                         io_->tcp(), io_->opts());
     auto c = std::make_shared<connection>(io);
     co_await c->reconnect();
     co_return c;
@@ -186,6 +193,8 @@ class connection {
   [[nodiscard]] std::size_t pending() const noexcept { return io_->pending(); }
   /// The executor that runs the connection's I/O.
   [[nodiscard]] executor_type get_executor() const noexcept { return io_->executor(); }
+  /// The options it was opened with (the defaults for `connect(ex, host, port)`).
+  [[nodiscard]] const options& get_options() const noexcept { return io_->opts(); }
 
  private:
   std::shared_ptr<sluice::detail::redis_io> io_;
@@ -195,8 +204,10 @@ class connection {
 
 namespace sluice::detail {
 inline asio::awaitable<std::shared_ptr<redis::connection>> redis_open(
-    asio::any_io_executor ex, std::vector<redis_io::endpoint_type> eps, bool tcp) {
-  auto c = std::make_shared<redis::connection>(std::make_shared<redis_io>(ex, std::move(eps), tcp));
+    asio::any_io_executor ex, std::vector<redis_io::endpoint_type> eps, bool tcp,
+    redis::options opts) {
+  auto c = std::make_shared<redis::connection>(
+      std::make_shared<redis_io>(ex, std::move(eps), tcp, std::move(opts)));
   co_await c->reconnect();
   co_return c;
 }
@@ -204,39 +215,66 @@ inline asio::awaitable<std::shared_ptr<redis::connection>> redis_open(
 
 namespace sluice::redis {
 
-/// Connects to the Redis server at `host:port` over TCP (`TCP_NODELAY` on) and
-/// returns a shared handle; the connection's I/O runs on `ex`. A numeric
-/// `host` is used as is; a name is resolved once (reconnects reuse the
-/// addresses). Throws `sluice::system_error` if no address accepts the
-/// connection. No command is sent (no AUTH, no SELECT).
+/// Connects as `o` says (TCP to `o.host:o.port`, or the Unix socket
+/// `o.unix_path`) and returns a shared handle whose I/O runs on `ex`. A
+/// numeric host is used as is; a name is resolved once (reconnects reuse the
+/// addresses). Sends `AUTH` / `SELECT` first when `o` asks for them, on this
+/// and on every later socket. Throws `sluice::system_error`: the socket's
+/// error if no address accepts the connection, `errc::timed_out` past
+/// `o.connect_timeout`, `errc::handshake_failed` if `AUTH`/`SELECT` fail.
+///
+/// @code
+/// sluice::redis::options o{.port = 6380, .password = "secret", .db = 1};
+/// auto conn = co_await sluice::redis::connect(co_await asio::this_coro::executor, o);
+/// @endcode
+[[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect(asio::any_io_executor ex,
+                                                                          options o) {
+  std::vector<sluice::detail::redis_io::endpoint_type> eps;
+  const bool tcp = o.unix_path.empty();
+  if (!tcp) {
+    eps.emplace_back(asio::local::stream_protocol::endpoint(o.unix_path));
+  } else {
+    error_code ec;
+    const auto address = asio::ip::make_address(o.host, ec);
+    if (!ec) {
+      eps.emplace_back(asio::ip::tcp::endpoint(address, o.port));
+    } else {
+      asio::ip::tcp::resolver resolver(ex);
+      auto results =
+          co_await resolver.async_resolve(o.host, std::to_string(o.port), asio::use_awaitable);
+      for (const auto& entry : results) eps.emplace_back(entry.endpoint());
+    }
+  }
+  const bool handshake = !o.password.empty() || o.db != 0;
+  auto c = co_await sluice::detail::redis_open(ex, std::move(eps), tcp, std::move(o));
+  if (handshake) co_await c->execute("PING");  // answered after AUTH/SELECT: they were accepted
+  co_return c;
+}
+
+/// Connects to the Redis server at `host:port` over TCP (`TCP_NODELAY` on),
+/// with the default `options` otherwise (no AUTH, no SELECT, 5 s connect and
+/// command timeouts, keepalive); see `connect(ex, options)`.
 ///
 /// @code
 /// auto conn = co_await sluice::redis::connect(co_await asio::this_coro::executor, "127.0.0.1",
-/// 6379);
+///                                             6379);
 /// @endcode
 [[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect(asio::any_io_executor ex,
                                                                           std::string host,
                                                                           std::uint16_t port) {
-  std::vector<sluice::detail::redis_io::endpoint_type> eps;
-  error_code ec;
-  const auto address = asio::ip::make_address(host, ec);
-  if (!ec) {
-    eps.emplace_back(asio::ip::tcp::endpoint(address, port));
-  } else {
-    asio::ip::tcp::resolver resolver(ex);
-    auto results = co_await resolver.async_resolve(host, std::to_string(port), asio::use_awaitable);
-    for (const auto& entry : results) eps.emplace_back(entry.endpoint());
-  }
-  co_return co_await sluice::detail::redis_open(std::move(ex), std::move(eps), true);
+  options o;
+  o.host = std::move(host);
+  o.port = port;
+  co_return co_await connect(std::move(ex), std::move(o));
 }
 
 /// Connects to the Redis server listening on the Unix domain socket at `path`
 /// (`redis-server --unixsocket <path>`); otherwise as `connect()`.
 [[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect_unix(
     asio::any_io_executor ex, std::string path) {
-  std::vector<sluice::detail::redis_io::endpoint_type> eps;
-  eps.emplace_back(asio::local::stream_protocol::endpoint(path));
-  co_return co_await sluice::detail::redis_open(std::move(ex), std::move(eps), false);
+  options o;
+  o.unix_path = std::move(path);
+  co_return co_await connect(std::move(ex), std::move(o));
 }
 
 }  // namespace sluice::redis

@@ -4,9 +4,9 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
-#include <sluice/detail/redis_script.hpp>
 #include <sluice/lock.hpp>
 #include <sluice/redis/connection.hpp>
+#include <sluice/redis/detail/script.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -96,13 +96,17 @@ namespace sluice::redis {
 class rate_limiter {
  public:
   /// A limiter of `calls` starts per `per` named `name` on `conn`'s server.
-  /// Throws `std::invalid_argument` if `calls == 0`, `per` is not positive
-  /// (microsecond resolution), or `conn` is null.
+  /// Throws `std::invalid_argument` if `calls == 0` or above 2^53 (Lua
+  /// numbers are doubles), `per` is not positive (microsecond resolution),
+  /// `conn` is null, or `name` is empty or has a brace (it is the key's
+  /// `{hash tag}`).
   template <class Rep, class Period>
   rate_limiter(std::shared_ptr<connection> conn, std::string name, std::size_t calls,
                std::chrono::duration<Rep, Period> per) {
     if (!conn) throw std::invalid_argument("sluice::redis::rate_limiter: null connection");
     if (calls == 0) throw std::invalid_argument("sluice::redis::rate_limiter: calls == 0");
+    detail::redis_check_exact(calls, "sluice::redis::rate_limiter");
+    detail::redis_check_name(name, "sluice::redis::rate_limiter");
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(per);
     if (us.count() <= 0) throw std::invalid_argument("sluice::redis::rate_limiter: per <= 0");
     st_ = std::make_shared<detail::redis_rate_state>();
@@ -150,8 +154,8 @@ class rate_limiter {
     auto st = st_;
     if (st->order.locked()) co_return false;
     std::vector<std::string> keys{st->key};
-    reply r =
-        co_await detail::redis_eval(*st->conn, st->acquire, std::move(keys), args(*st, n, "try"));
+    reply r = co_await detail::redis_eval(*st->conn, st->acquire, std::move(keys),
+                                          args(*st, n, "try"), detail::redis_cancel::follow);
     co_return r.integer == 0;
   }
 
@@ -199,7 +203,10 @@ class rate_limiter {
     asio::steady_timer timer(st->conn->get_executor());
     std::vector<std::string> keys{st->key};
     for (;;) {
-      reply r = co_await detail::redis_eval(*st->conn, st->acquire, keys, args(*st, n, "wait"));
+      // Cancelled in flight: the starts may have been recorded; counting a
+      // start that never happens is the safe direction.
+      reply r = co_await detail::redis_eval(*st->conn, st->acquire, keys, args(*st, n, "wait"),
+                                            detail::redis_cancel::follow);
       if (r.integer == 0) co_return;
       if (cs.cancelled() != asio::cancellation_type::none)
         throw system_error(asio::error::operation_aborted);

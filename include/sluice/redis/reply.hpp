@@ -27,6 +27,14 @@ enum class errc {
   /// The server sent something that is not RESP, or a reply nobody asked for.
   /// The connection is dropped (the next call reconnects).
   protocol_error,
+  /// The server did not answer within `options::command_timeout`, or the
+  /// socket did not open within `options::connect_timeout`. The connection
+  /// was reset (every call pending on it failed; each may or may not have
+  /// run); the next call reconnects.
+  timed_out,
+  /// The server rejected the `AUTH` or `SELECT` sent after connecting (wrong
+  /// password, unknown user, bad database). The connection is dropped.
+  handshake_failed,
 };
 
 }  // namespace sluice::redis
@@ -44,6 +52,11 @@ class redis_category final : public error_category {
         return "sluice::redis: the connection was closed";
       case redis::errc::protocol_error:
         return "sluice::redis: protocol error (unexpected data from the server)";
+      case redis::errc::timed_out:
+        return "sluice::redis: the server did not answer in time (connection reset; the call may "
+               "or may not have run)";
+      case redis::errc::handshake_failed:
+        return "sluice::redis: the server rejected AUTH or SELECT (check user, password, db)";
     }
     return "sluice::redis: unknown error";
   }

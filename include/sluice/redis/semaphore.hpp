@@ -4,184 +4,48 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
-#include <sluice/detail/redis_script.hpp>
 #include <sluice/redis/connection.hpp>
+#include <sluice/redis/detail/script.hpp>
+#include <sluice/redis/detail/semaphore_state.hpp>
 
 #include <sluice/detail/asio.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <list>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace sluice::detail {
-
-// The Lua scripts of redis::semaphore. Keys: holders (zset id -> lease expiry,
-// server ms), queue (zset waiter id -> ticket), alive (zset waiter id ->
-// expiry of a waiter that stopped polling), ticket (counter), boot (the
-// server's start time in ms, to hold back new grants for a lease after a
-// restart so that live holders can re-claim their permits first).
-inline constexpr const char* redis_sem_acquire_lua = R"lua(
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local permits, id, lease, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for i = 1, #dead do redis.call('ZREM', KEYS[2], dead[i]) end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-if redis.call('ZSCORE', KEYS[1], id) then
-  redis.call('ZADD', KEYS[1], now + lease, id)
-  return {1, 0}
-end
-local boot = tonumber(redis.call('GET', KEYS[5]))
-if not boot then
-  local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
-  boot = now - up * 1000
-  redis.call('SET', KEYS[5], boot)
-end
-local settled = now >= boot + lease + 1000
-local free = permits - redis.call('ZCARD', KEYS[1])
-if ARGV[5] == 'try' then
-  if settled and free > 0 and redis.call('ZCARD', KEYS[2]) == 0 then
-    redis.call('ZADD', KEYS[1], now + lease, id)
-    return {1, 0}
-  end
-  return {0, -1}
-end
-if not redis.call('ZSCORE', KEYS[2], id) then
-  redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), id)
-end
-redis.call('ZADD', KEYS[3], now + ttl, id)
-local rank = redis.call('ZRANK', KEYS[2], id)
-if settled and rank < free then
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('ZREM', KEYS[3], id)
-  redis.call('ZADD', KEYS[1], now + lease, id)
-  return {1, rank}
-end
-return {0, rank}
-)lua";
-
-// KEYS: holders. ARGV: permits, lease, ids... Returns the ids it could
-// neither renew nor re-claim (lost).
-inline constexpr const char* redis_sem_renew_lua = R"lua(
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local lost = {}
-for i = 3, #ARGV do
-  local id = ARGV[i]
-  if redis.call('ZSCORE', KEYS[1], id) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), id)
-  else
-    lost[#lost + 1] = id
-  end
-end
-return lost
-)lua";
-
-// KEYS: holders. ARGV: id, channel.
-inline constexpr const char* redis_sem_release_lua = R"lua(
-local n = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('PUBLISH', ARGV[2], 'release')
-return n
-)lua";
-
-// KEYS: queue, alive. ARGV: id, channel. A waiter that gives up.
-inline constexpr const char* redis_sem_leave_lua = R"lua(
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('PUBLISH', ARGV[2], 'leave')
-return 0
-)lua";
-
-// KEYS: holders, queue, alive. ARGV: permits. Returns {free, waiting}.
-inline constexpr const char* redis_sem_status_lua = R"lua(
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for i = 1, #dead do redis.call('ZREM', KEYS[2], dead[i]) end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-local free = tonumber(ARGV[1]) - redis.call('ZCARD', KEYS[1])
-if free < 0 then free = 0 end
-return {free, redis.call('ZCARD', KEYS[2])}
-)lua";
-
-// The state of a redis::semaphore, shared with its renewal loop and its
-// subscriber callbacks. Loop-affine.
-struct redis_sem_state {
-  // One acquire() waiting in this process, in the frame of its coroutine.
-  struct waiter {
-    std::string id;
-    asio::steady_timer timer;
-    bool kick = false;  // a release was announced while it was not sleeping
-  };
-
-  std::shared_ptr<redis::connection> conn;
-  std::shared_ptr<redis::connection> sub;  // SUBSCRIBEd to channel
-  std::string holders, queue, alive, ticket, boot, channel;
-  std::size_t permits;
-  std::chrono::milliseconds lease, poll, waiter_ttl;
-  redis_script acquire{redis_sem_acquire_lua, {}}, renew{redis_sem_renew_lua, {}},
-      release{redis_sem_release_lua, {}}, leave{redis_sem_leave_lua, {}},
-      status{redis_sem_status_lua, {}};
-  std::vector<std::string> held;  // permit ids this process holds
-  std::list<waiter*> waiters;     // in arrival (= ticket) order
-  bool stopped = false;
-  bool subscribed = false;
-  bool subscribing = false;
-  bool renewing = false;
-  asio::steady_timer renew_timer;
-  std::vector<erased_handler<>> renewal_done;  // close() waiting for the loop
-  std::size_t lost = 0;
-  std::size_t failed_renewals = 0;
-  std::size_t failed_releases = 0;
-
-  redis_sem_state(std::shared_ptr<redis::connection> c, const std::string& name, std::size_t n,
-                  std::chrono::milliseconds l, std::chrono::milliseconds p,
-                  std::chrono::milliseconds ttl)
-      : conn(std::move(c)),
-        permits(n),
-        lease(l),
-        poll(p),
-        waiter_ttl(ttl),
-        renew_timer(conn->get_executor()) {
-    const std::string base = "sluice:sem:{" + name + "}:";
-    holders = base + "holders";
-    queue = base + "queue";
-    alive = base + "alive";
-    ticket = base + "ticket";
-    boot = base + "boot";
-    channel = base + "released";
-  }
-
-  // Wakes the first `n` local waiters (only they can be next in line: local
-  // order is ticket order).
-  void wake(std::size_t n) {
-    for (waiter* w : waiters) {
-      if (n-- == 0) break;
-      w->kick = true;
-      w->timer.cancel();
-    }
-  }
-
-  void send_release(const std::string& id, const std::shared_ptr<redis_sem_state>& self) {
-    redis_eval_detached_reply(*conn, release, {holders}, {id, channel}, [self](bool ok) {
-      if (!ok) ++self->failed_releases;
-    });
-  }
+// What semaphore::run(body) returns: body(fencing token) or body().
+template <class F, bool = std::is_invocable_v<F&, std::int64_t>>
+struct redis_run_result {
+  using type = std::invoke_result_t<F&, std::int64_t>;
 };
-
+template <class F>
+struct redis_run_result<F, false> {
+  using type = std::invoke_result_t<F&>;
+};
 }  // namespace sluice::detail
 
 namespace sluice::redis {
+
+/// Thrown by `semaphore::run()` when the permit's lease stopped being certain
+/// while the body ran (the body was cancelled and has finished).
+class lease_lost : public std::runtime_error {
+ public:
+  lease_lost()
+      : std::runtime_error(
+            "sluice::redis::semaphore: the lease is no longer certain; the body was cancelled") {}
+};
 
 /// Tuning of a `redis::semaphore`; zero means the default described there.
 struct semaphore_options {
@@ -216,11 +80,28 @@ struct semaphore_options {
 /// from the queue, so a dead process never blocks the line.
 ///
 /// Leases: a permit is granted with a lease; while this process holds any
-/// permit, one renewal loop (owned by the semaphore, a timer every lease / 3)
-/// extends all of them in one script call. A holder that dies without
-/// releasing loses its permit when its lease runs out. `release()` and the
-/// destructor of `permit` send the release at once (pipelined; they do not
-/// wait for the reply).
+/// permit, one renewal loop (owned by the semaphore, a timer every
+/// min(lease / 3, 1 s)) extends all of them in one script call. A holder that
+/// dies without releasing loses its permit when its lease runs out.
+/// `release()` and the destructor of `permit` send the release at once
+/// (pipelined; they do not wait for the reply).
+///
+/// Lease safety: a permit is certain only until the local send time of its
+/// grant or of its last confirmed renewal + lease - a drift margin (lease / 50
+/// + 5 ms). Past that moment it is lost *here first*, before the server can
+/// grant it elsewhere: it leaves `held()`, `lost()` counts it once, the
+/// permit's `lost()` turns true and its `wait_lost()` completes, and `run()`
+/// cancels its body and throws `lease_lost`. A renewal that finds the entry
+/// gone (outside a restart's grace) loses it the same way: a holder that was
+/// cut off never re-claims ahead of the queue.
+///
+/// Fencing tokens: every grant carries a token (`permit::fencing_token()`),
+/// strictly increasing per semaphore (server-side: max(last + 1, server ms x
+/// 1000), so it keeps increasing across a restart from an old snapshot as long
+/// as the server's clock moved on). Pass it to the protected service and let
+/// it reject a token lower than the highest it has seen: that stops a holder
+/// that was paused (GC, SIGSTOP, swap) past its lease, the one case no lease
+/// can prevent.
 ///
 /// Failure semantics (each has a test):
 /// - Connection lost while waiting: the wait fails with the connection's
@@ -228,22 +109,24 @@ struct semaphore_options {
 ///   `connection_refused` while the server is down); the waiter's queue entry
 ///   expires after `waiter_ttl`. Nothing hangs: the subscriber's loss wakes
 ///   every waiter at once.
-/// - Connection lost while holding: the holder keeps running (Redis cannot
-///   revoke work). Renewals reconnect at their next tick; if the server is
-///   unreachable for longer than the lease, the permit expires and may be
-///   granted to another process: the holder counts it in `lost()`.
-/// - Redis restarted (without persistence: every key gone): for one lease
-///   (plus one second of clock granularity) after the server starts, no new
-///   permit is granted, while live holders re-claim theirs at their next
-///   renewal. A permit can thus be granted twice only when its holder failed
-///   to renew for a whole lease: the same bound as a holder cut off by the
-///   network. A fresh server delays the first grants in the same way.
+/// - Connection lost or server silent while holding: renewals reconnect at
+///   their next tick (each bounded by the connection's `command_timeout`);
+///   when the lease is no longer certain the permit is lost locally (above).
+/// - Redis restarted or failed over (its `run_id` differs from the one
+///   recorded with the keys; from an empty server, or from an old RDB
+///   snapshot): no new permit is granted for one renewal interval + max(half
+///   of it, 300 ms) after the change was seen (after the server's start if
+///   nothing was recorded), while live holders re-claim theirs at their next
+///   renewal; entries of holders that do not renew meanwhile expire then. A
+///   fresh server delays the first grants in the same way; a lease of an hour
+///   still waits only about 1.8 s.
 /// - `acquire` whose reply is lost with the connection may leave a permit
 ///   granted on the server that nobody holds: it returns after its lease.
 ///
 /// Cancellation (terminal, partial, total): a waiting `acquire` is cancelled
-/// at once (its queue entry is removed with one uncancellable round trip, then
-/// it throws `operation_aborted`, holding nothing); if the grant raced the
+/// at once, also in the middle of a round trip (its id is then dropped from
+/// the queue and the holders by a script pipelined behind it, not awaited; it
+/// throws `operation_aborted`, holding nothing); if the grant raced the
 /// cancellation, the permit is released again. A caller cancelled before it
 /// called throws without contacting the server.
 ///
@@ -259,11 +142,16 @@ struct semaphore_options {
 /// sluice::redis::semaphore cap{conn, "places-api", 5, std::chrono::seconds(30)};
 /// {
 ///   auto permit = co_await cap.scoped_acquire();   // at most 5 across the fleet
-///   co_await call_places_api();
+///   co_await call_places_api(permit.fencing_token());
 /// }                                                 // released here
+/// // or: the body is cancelled when the lease is no longer certain
+/// co_await cap.run([&]() -> asio::awaitable<void> { co_await call_places_api(0); });
 /// co_await cap.close();
 /// @endcode
 class semaphore {
+  using state = detail::redis_sem_state;
+  using held_ptr = state::held_ptr;
+
  public:
   /// Tuning; see `semaphore_options`.
   using options = semaphore_options;
@@ -274,37 +162,73 @@ class semaphore {
     /// An empty permit that owns nothing.
     permit() noexcept = default;
     /// Takes over `o`'s ownership; `o` is left empty.
-    permit(permit&& o) noexcept : sem_(std::exchange(o.sem_, nullptr)) {}
+    permit(permit&& o) noexcept : st_(std::move(o.st_)), h_(std::move(o.h_)) {}
     /// Releases what this owns, then takes over `o`'s ownership.
     permit& operator=(permit&& o) noexcept {
       if (this != &o) {
         reset();
-        sem_ = std::exchange(o.sem_, nullptr);
+        st_ = std::move(o.st_);
+        h_ = std::move(o.h_);
       }
       return *this;
     }
     ~permit() { reset(); }
-    /// True while it owns a permit.
-    explicit operator bool() const noexcept { return sem_ != nullptr; }
-    /// Releases the permit now (no-op when empty).
+    /// True while it owns a permit (also once it was lost, until `reset()`).
+    explicit operator bool() const noexcept { return h_ != nullptr; }
+    /// Releases the permit now (no-op when empty or lost).
     void reset() noexcept {
-      if (auto* s = std::exchange(sem_, nullptr)) s->release_nothrow();
+      if (auto h = std::exchange(h_, nullptr)) {
+        st_->release(h, st_);
+        st_.reset();
+      }
+    }
+    /// The grant's fencing token: strictly increasing per semaphore (see the
+    /// class comment); 0 when empty.
+    [[nodiscard]] std::int64_t fencing_token() const noexcept { return h_ ? h_->token : 0; }
+    /// True once the lease stopped being certain (see the class comment).
+    [[nodiscard]] bool lost() const noexcept { return h_ && h_->lost; }
+    /// Until when the lease is certain now (extended by each confirmed
+    /// renewal); `time_point::max()` for an endless lease.
+    [[nodiscard]] std::chrono::steady_clock::time_point certain_until() const noexcept {
+      return h_ ? h_->certain_until : std::chrono::steady_clock::time_point{};
+    }
+    /// Completes when the permit is lost (at once if it is). Throws
+    /// `operation_aborted` when cancelled or when the permit is released
+    /// meanwhile, `std::logic_error` when empty. Resumes on the caller's
+    /// executor. The permit must outlive the wait.
+    [[nodiscard]] asio::awaitable<void> wait_lost() const {
+      auto h = h_;
+      if (!h) throw std::logic_error("sluice::redis::semaphore::permit::wait_lost: empty permit");
+      while (!h->lost) {
+        if (h->released) throw system_error(asio::error::operation_aborted);
+        error_code ec;
+        co_await h->signal.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        auto cs = co_await asio::this_coro::cancellation_state;
+        if (!h->lost && cs.cancelled() != asio::cancellation_type::none)
+          throw system_error(asio::error::operation_aborted);
+      }
     }
 
    private:
     friend class semaphore;
-    explicit permit(semaphore& s) noexcept : sem_(&s) {}
-    semaphore* sem_ = nullptr;
+    permit(std::shared_ptr<state> st, held_ptr h) noexcept : st_(std::move(st)), h_(std::move(h)) {
+      h_->owned = true;
+    }
+    std::shared_ptr<state> st_;
+    held_ptr h_;
   };
 
   /// A semaphore of `permits` permits named `name` on `conn`'s server, with
-  /// leases of `lease`. Throws `std::invalid_argument` if `permits == 0`,
-  /// `lease < 30 ms` (renewals every lease / 3 need a few round trips of
-  /// slack), or `conn` is null. Sends nothing yet.
+  /// leases of `lease`. Throws `std::invalid_argument` if `permits == 0` or
+  /// above 2^53 (Lua numbers are doubles), `lease < 30 ms` (renewals need a
+  /// few round trips of slack), `conn` is null, or `name` is empty or has a
+  /// brace (it is the keys' `{hash tag}`). Sends nothing yet.
   semaphore(std::shared_ptr<connection> conn, std::string name, std::size_t permits,
             std::chrono::milliseconds lease, semaphore_options opts = {}) {
     if (!conn) throw std::invalid_argument("sluice::redis::semaphore: null connection");
     if (permits == 0) throw std::invalid_argument("sluice::redis::semaphore: permits == 0");
+    detail::redis_check_exact(permits, "sluice::redis::semaphore");
+    detail::redis_check_name(name, "sluice::redis::semaphore");
     if (lease < std::chrono::milliseconds(30))
       throw std::invalid_argument("sluice::redis::semaphore: lease shorter than 30 ms");
     auto poll = opts.poll_interval.count() > 0
@@ -313,8 +237,7 @@ class semaphore {
                                  std::chrono::milliseconds(1000));
     auto ttl = opts.waiter_ttl.count() > 0 ? opts.waiter_ttl
                                            : std::max(poll * 10, std::chrono::milliseconds(2000));
-    st_ =
-        std::make_shared<detail::redis_sem_state>(std::move(conn), name, permits, lease, poll, ttl);
+    st_ = std::make_shared<state>(std::move(conn), name, permits, lease, poll, ttl);
   }
   semaphore(const semaphore&) = delete;
   semaphore& operator=(const semaphore&) = delete;
@@ -328,16 +251,31 @@ class semaphore {
   }
 
   /// Waits for a permit. Throws `operation_aborted` when cancelled (holding
-  /// nothing), `sluice::system_error` when the connection fails,
-  /// `server_error` if Redis rejects a script. See the class comment.
+  /// nothing), `sluice::system_error` when the connection fails (e.g.
+  /// `errc::timed_out`), `server_error` if Redis rejects a script. See the
+  /// class comment.
   [[nodiscard]] asio::awaitable<void> acquire() {
-    return detail::redis_without_throw_if_cancelled(acquire_impl(st_));
+    return detail::redis_without_throw_if_cancelled(acquire_void(st_));
   }
 
-  /// As `acquire()`, returning a `permit` that releases on destruction.
+  /// As `acquire()`, returning a `permit` that releases on destruction and
+  /// carries the grant's fencing token.
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
-    co_await acquire();
-    co_return permit(*this);
+    auto st = st_;
+    held_ptr h = co_await detail::redis_without_throw_if_cancelled(acquire_impl(st));
+    co_return permit(st, std::move(h));
+  }
+
+  /// Runs `body()` or `body(fencing_token)` (returning `asio::awaitable<T>`)
+  /// under a permit and returns its result. When the permit's lease stops being certain (see the
+  /// class comment), `body` is cancelled (terminal), awaited, and `run` throws `lease_lost`, before
+  /// the server can grant the permit elsewhere. Runs the body on the caller's executor.
+  /// Cancellation: while waiting for the permit, as `acquire()`; while the body runs, the
+  /// cancellation is passed on to it (terminal), it is awaited, and its outcome returned or thrown.
+  /// The permit is released when `run` returns.
+  template <class F>
+  [[nodiscard]] auto run(F body) -> typename detail::redis_run_result<F>::type {
+    return detail::redis_without_throw_if_cancelled(run_impl(std::move(body)));
   }
 
   /// Waits for a permit; any completion token, signature
@@ -365,22 +303,30 @@ class semaphore {
   [[nodiscard]] asio::awaitable<bool> try_acquire() {
     auto st = st_;
     std::string id = detail::redis_unique_id();
-    redis::reply r =
-        co_await detail::redis_eval(*st->conn, st->acquire, keys(*st), args(*st, id, "try"));
+    const auto sent = detail::redis_clock::now();
+    reply r = co_await eval_or_drop(st, id, st->acquire_args(id, "try"));
     if (r.elements.at(0).integer != 1) co_return false;
-    st->held.push_back(id);
-    start_renewal(st);
+    add_held(st, id, r.elements.at(2).integer, sent);
     co_return true;
   }
 
-  /// Returns a permit this process holds: sends the release at once (in order
-  /// with later calls on the connection) and wakes the waiters of every
-  /// process through pub/sub. Throws `std::logic_error` if this process holds
-  /// no permit of this semaphore.
+  /// Returns a permit this process took with `acquire()`/`try_acquire()`:
+  /// sends the release at once (in order with later calls on the connection)
+  /// and wakes the waiters of every process through pub/sub. A permit that
+  /// was lost meanwhile is only forgotten. Throws `std::logic_error` if this
+  /// process holds no such permit.
   void release() {
-    if (st_->held.empty())
-      throw std::logic_error("sluice::redis::semaphore::release: this process holds no permit");
-    release_nothrow();
+    if (st_->lost_unowned > 0) {
+      --st_->lost_unowned;
+      return;
+    }
+    for (auto it = st_->held.rbegin(); it != st_->held.rend(); ++it) {
+      if (!(*it)->owned) {
+        st_->release(*it, st_);
+        return;
+      }
+    }
+    throw std::logic_error("sluice::redis::semaphore::release: this process holds no permit");
   }
 
   /// Free permits across the fleet now (one round trip).
@@ -395,18 +341,16 @@ class semaphore {
     co_return static_cast<std::size_t>((co_await status(st)).elements.at(1).integer);
   }
 
-  /// Permits this process holds now.
+  /// Permits this process holds now (a lost permit no longer counts).
   [[nodiscard]] std::size_t held() const noexcept { return st_->held.size(); }
   /// acquire() calls of this process waiting now.
   [[nodiscard]] std::size_t local_waiters() const noexcept { return st_->waiters.size(); }
-  /// Permits a renewal found expired and taken by others (see the class
-  /// comment); 0 in a healthy fleet.
+  /// Permits lost so far (once per permit; see the class comment); 0 in a
+  /// healthy fleet.
   [[nodiscard]] std::size_t lost() const noexcept { return st_->lost; }
   /// The Redis keys and channel prefix: `sluice:sem:{<name>}:` followed by
-  /// `holders`, `queue`, `alive`, `ticket`, `boot`, `released`.
-  [[nodiscard]] std::string key_prefix() const {
-    return st_->holders.substr(0, st_->holders.size() - 7);
-  }
+  /// `holders`, `queue`, `alive`, `ticket`, `meta`, `fence`, `released`.
+  [[nodiscard]] std::string key_prefix() const { return st_->prefix; }
 
   /// Stops the renewal loop and waits for it, releases the permits still held
   /// and closes the subscriber connection. Runs to the end even when the
@@ -430,31 +374,34 @@ class semaphore {
   }
 
  private:
-  using state = detail::redis_sem_state;
-
   static asio::awaitable<reply> status(std::shared_ptr<state> st) {
-    std::vector<std::string> k{st->holders, st->queue, st->alive};
     std::vector<std::string> a{std::to_string(st->permits)};
-    co_return co_await detail::redis_eval(*st->conn, st->status, std::move(k), std::move(a));
+    co_return co_await detail::redis_eval(*st->conn, st->status, st->keys, std::move(a),
+                                          detail::redis_cancel::follow);
   }
 
-  static std::vector<std::string> keys(const state& st) {
-    return {st.holders, st.queue, st.alive, st.ticket, st.boot};
-  }
-  static std::vector<std::string> args(const state& st, const std::string& id, const char* mode) {
-    return {std::to_string(st.permits), id, std::to_string(st.lease.count()),
-            std::to_string(st.waiter_ttl.count()), mode};
-  }
-
-  void release_nothrow() noexcept {
+  // The acquire script for `id`, following the caller's cancellation; a
+  // cancelled call drops `id` behind it (whatever the script did).
+  static asio::awaitable<reply> eval_or_drop(std::shared_ptr<state> st, std::string id,
+                                             std::vector<std::string> a) {
     try {
-      if (st_->held.empty()) return;
-      std::string id = std::move(st_->held.back());
-      st_->held.pop_back();
-      st_->send_release(id, st_);
-    } catch (...) {
-      ++st_->failed_releases;  // the lease returns it
+      co_return co_await detail::redis_eval(*st->conn, st->acquire, st->keys, std::move(a),
+                                            detail::redis_cancel::follow);
+    } catch (const system_error& e) {
+      if (e.code() == asio::error::operation_aborted) st->send_drop(id, st);
+      throw;
     }
+  }
+
+  static held_ptr add_held(const std::shared_ptr<state>& st, std::string id, std::int64_t token,
+                           detail::redis_clock::time_point sent) {
+    auto h = std::make_shared<detail::redis_sem_held>(
+        std::move(id), token, detail::redis_add_sat(sent, st->lease - st->margin),
+        st->conn->get_executor());
+    st->held.push_back(h);
+    detail::redis_sem_start_renewal(st);
+    st->arm_watchdog(st);
+    return h;
   }
 
   void stop() noexcept {
@@ -462,12 +409,17 @@ class semaphore {
     if (st.stopped) return;
     st.stopped = true;
     st.renew_timer.cancel();
-    while (!st.held.empty()) release_nothrow();
+    st.watchdog.cancel();
+    while (!st.held.empty()) st.release(st.held.back(), st_);
     st.wake(st.waiters.size());
     if (st.sub) {
       st.sub->on_message(nullptr);
       st.sub->on_lost(nullptr);
     }
+  }
+
+  static asio::awaitable<void> acquire_void(std::shared_ptr<state> st) {
+    co_await acquire_impl(st);
   }
 
   static asio::awaitable<error_code> acquire_ec(std::shared_ptr<state> st) {
@@ -481,72 +433,61 @@ class semaphore {
     co_return error_code{};
   }
 
-  static void start_renewal(const std::shared_ptr<state>& st) {
-    if (st->renewing || st->stopped) return;
-    st->renewing = true;
-    asio::co_spawn(st->conn->get_executor(), renew_loop(st), [st](std::exception_ptr) {
-      st->renewing = false;
-      auto done = std::move(st->renewal_done);
-      st->renewal_done.clear();
-      for (auto& d : done) d.complete();
-      if (!st->stopped && !st->held.empty()) start_renewal(st);
-    });
-  }
-
-  static asio::awaitable<void> renew_loop(std::shared_ptr<state> st) {
-    while (!st->stopped && !st->held.empty()) {
-      st->renew_timer.expires_after(st->lease / 3);
+  template <class F>
+  auto run_impl(F body) -> typename detail::redis_run_result<F>::type {
+    using awaitable_t = typename detail::redis_run_result<F>::type;
+    using value_t = typename awaitable_t::value_type;
+    auto st = st_;
+    permit p = co_await scoped_acquire();
+    auto h = p.h_;
+    auto ex = co_await asio::this_coro::executor;
+    auto cs = co_await asio::this_coro::cancellation_state;
+    asio::cancellation_signal stop_body;
+    asio::steady_timer wake(ex, detail::redis_clock::time_point::max());
+    bool done = false;
+    bool stopping = false;
+    std::exception_ptr error;
+    std::optional<std::conditional_t<std::is_void_v<value_t>, int, value_t>> value;
+    h->on_lost = [&wake] {
+      wake.cancel();
+    };
+    auto on_done = [&](std::exception_ptr e, auto... v) {
+      done = true;
+      error = e;
+      if constexpr (sizeof...(v) == 1) {
+        if (!e) value.emplace(std::move(v)...);
+      }
+      wake.cancel();
+    };
+    auto start = [&] {
+      if constexpr (std::is_invocable_v<F&, std::int64_t>) {
+        return body(h->token);
+      } else {
+        return body();
+      }
+    };
+    asio::co_spawn(ex, start(), asio::bind_cancellation_slot(stop_body.slot(), on_done));
+    while (!done) {
+      if (!stopping && (h->lost || cs.cancelled() != asio::cancellation_type::none)) {
+        stopping = true;
+        stop_body.emit(asio::cancellation_type::terminal);
+        continue;
+      }
       error_code ec;
-      auto token = asio::redirect_error(asio::use_awaitable, ec);
-      co_await st->renew_timer.async_wait(token);
-      if (st->stopped || st->held.empty()) break;
-      std::vector<std::string> a{std::to_string(st->permits), std::to_string(st->lease.count())};
-      a.insert(a.end(), st->held.begin(), st->held.end());
-      try {
-        std::vector<std::string> k{st->holders};
-        redis::reply r =
-            co_await detail::redis_eval(*st->conn, st->renew, std::move(k), std::move(a));
-        st->lost += r.elements.size();
-      } catch (...) {
-        ++st->failed_renewals;  // retried at the next tick (the call reconnects)
+      if (stopping) {
+        co_await wake.async_wait(asio::bind_cancellation_slot(
+            asio::cancellation_slot(), asio::redirect_error(asio::use_awaitable, ec)));
+      } else {
+        co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       }
     }
+    h->on_lost = nullptr;
+    if (h->lost && stopping) throw lease_lost();
+    if (error) std::rethrow_exception(error);
+    if constexpr (!std::is_void_v<value_t>) co_return std::move(*value);
   }
 
-  // Subscribes the second connection to the release channel (once; again
-  // after its loss). Failures only mean polling.
-  static asio::awaitable<void> subscribe(std::shared_ptr<state> st) {
-    if (st->subscribed || st->subscribing || st->stopped) co_return;
-    st->subscribing = true;
-    try {
-      if (!st->sub) {
-        auto sub = co_await st->conn->connect_again();
-        if (st->stopped) {
-          co_await sub->close();
-          st->subscribing = false;
-          co_return;
-        }
-        std::weak_ptr<state> weak = st;
-        sub->on_message([weak](const reply&) {
-          if (auto s = weak.lock()) s->wake(s->permits);
-        });
-        sub->on_lost([weak] {
-          if (auto s = weak.lock()) {
-            s->subscribed = false;
-            s->wake(s->waiters.size());  // let every waiter see the failure now
-          }
-        });
-        st->sub = std::move(sub);
-      }
-      std::vector<std::string> cmd{"SUBSCRIBE", st->channel};
-      reply r = co_await detail::redis_call(*st->sub, std::move(cmd));
-      st->subscribed = !r.is_error();
-    } catch (...) {
-    }
-    st->subscribing = false;
-  }
-
-  static asio::awaitable<void> acquire_impl(std::shared_ptr<state> st) {
+  static asio::awaitable<held_ptr> acquire_impl(std::shared_ptr<state> st) {
     auto cs = co_await asio::this_coro::cancellation_state;
     auto cancelled = [&] {
       return cs.cancelled() != asio::cancellation_type::none;
@@ -562,20 +503,17 @@ class semaphore {
     } guard{*st, it};
     for (;;) {
       w.kick = false;
-      reply r =
-          co_await detail::redis_eval(*st->conn, st->acquire, keys(*st), args(*st, w.id, "wait"));
+      const auto sent = detail::redis_clock::now();
+      reply r = co_await eval_or_drop(st, w.id, st->acquire_args(w.id, "wait"));
       if (r.elements.at(0).integer == 1) {
-        st->held.push_back(w.id);
         if (cancelled() || st->stopped) {  // granted, but the caller is gone: pass it on
-          st->held.pop_back();
-          st->send_release(w.id, st);
+          st->send_drop(w.id, st);
           throw system_error(asio::error::operation_aborted);
         }
-        start_renewal(st);
-        co_return;
+        co_return add_held(st, w.id, r.elements.at(2).integer, sent);
       }
       if (!cancelled() && !st->stopped) {
-        if (!st->subscribed && !st->subscribing) co_await subscribe(st);
+        if (!st->subscribed && !st->subscribing) co_await detail::redis_sem_subscribe(st);
         if (!w.kick && !cancelled() && !st->stopped) {
           w.timer.expires_after(st->poll);
           error_code ec;
@@ -584,10 +522,9 @@ class semaphore {
         }
       }
       if (cancelled() || st->stopped) {
-        std::vector<std::string> leave_keys{st->queue, st->alive};
-        std::vector<std::string> leave_args{w.id, st->channel};
-        co_await detail::redis_eval(*st->conn, st->leave, std::move(leave_keys),
-                                    std::move(leave_args));
+        std::vector<std::string> k{st->keys[0], st->keys[1], st->keys[2]};
+        std::vector<std::string> a{w.id, st->channel};
+        co_await detail::redis_eval(*st->conn, st->drop, std::move(k), std::move(a));
         throw system_error(asio::error::operation_aborted);
       }
     }

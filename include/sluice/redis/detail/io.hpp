@@ -1,17 +1,21 @@
 // SPDX-License-Identifier: BSL-1.0
-#ifndef SLUICE_DETAIL_REDIS_IO_HPP
-#define SLUICE_DETAIL_REDIS_IO_HPP
+#ifndef SLUICE_REDIS_DETAIL_IO_HPP
+#define SLUICE_REDIS_DETAIL_IO_HPP
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/redis/options.hpp>
 #include <sluice/redis/reply.hpp>
 
 #include <sluice/detail/asio.hpp>
 #include <sluice/detail/asio_net.hpp>
 
 #include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -88,6 +92,8 @@ inline bool redis_is_push(const redis::reply& r) {
 // (a cancelled call stays queued: its reply is still read and dropped).
 struct redis_request {
   erased_handler<error_code, redis::reply> handler;
+  std::chrono::steady_clock::time_point deadline{};  // command_timeout; set once sent
+  bool internal = false;  // AUTH/SELECT of the handshake: an error reply drops the connection
 };
 
 // The state behind a redis::connection, shared with its pending I/O handlers.
@@ -98,7 +104,10 @@ struct redis_request {
 //   to pending_.front() (RESP replies come in command order).
 // - gen_ changes whenever the socket is closed; a handler of an older
 //   generation only decrements io_ops_ (its socket is gone).
-// - io_ops_ counts outstanding socket operations; close() waits for 0.
+// - io_ops_ counts outstanding socket and timer operations; close() waits for 0.
+// - timer_ watches the connect deadline while connecting, else the deadline of
+//   pending_.front() (replies come in order: if the oldest call is late, the
+//   server is stalled, and the connection is reset).
 // - A call is completed exactly once, through a post (erased_handler).
 class redis_io : public std::enable_shared_from_this<redis_io> {
  public:
@@ -106,8 +115,16 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   using endpoint_type = asio::generic::stream_protocol::endpoint;
   enum class state { broken, connecting, open, closed };
 
-  redis_io(asio::any_io_executor ex, std::vector<endpoint_type> endpoints, bool tcp)
-      : ex_(std::move(ex)), socket_(ex_), endpoints_(std::move(endpoints)), tcp_(tcp) {}
+  using clock = std::chrono::steady_clock;
+
+  redis_io(asio::any_io_executor ex, std::vector<endpoint_type> endpoints, bool tcp,
+           redis::options opts = {})
+      : ex_(std::move(ex)),
+        socket_(ex_),
+        timer_(ex_),
+        endpoints_(std::move(endpoints)),
+        tcp_(tcp),
+        opts_(std::move(opts)) {}
   redis_io(const redis_io&) = delete;
   redis_io& operator=(const redis_io&) = delete;
   ~redis_io() {
@@ -117,6 +134,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   const asio::any_io_executor& executor() const noexcept { return ex_; }
   const std::vector<endpoint_type>& endpoints() const noexcept { return endpoints_; }
   bool tcp() const noexcept { return tcp_; }
+  const redis::options& opts() const noexcept { return opts_; }
   state current() const noexcept { return state_; }
   std::size_t pending() const noexcept { return pending_.size(); }
 
@@ -142,6 +160,8 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     out_ += bytes;
     pending_.push_back(std::move(req));
     if (state_ == state::open) {
+      set_deadline(*pending_.back());
+      arm_timer();
       start_write();
     } else if (state_ == state::broken) {
       start_connect();
@@ -176,6 +196,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   void shutdown() {
     if (state_ == state::closed) return;
     state_ = state::closed;
+    timer_.cancel();
     on_message_ = nullptr;
     on_lost_ = nullptr;
     fail(redis::make_error_code(redis::errc::closed));
@@ -209,6 +230,8 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     if (reader_ != nullptr) redisReaderFree(reader_);
     reader_ = redisReaderCreate();
     if (reader_ == nullptr) throw std::bad_alloc();
+    connect_deadline_ = clock::now() + opts_.connect_timeout;
+    arm_timer();
     ++io_ops_;
     asio::async_connect(socket_, endpoints_,
                         [self = shared_from_this(), gen = gen_](
@@ -219,8 +242,11 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     --io_ops_;
     if (gen != gen_) return maybe_idle();
     if (ec) return fail(ec);
-    if (tcp_) socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+    if (tcp_) set_tcp_options();
     state_ = state::open;
+    prepend_handshake();
+    for (auto& r : pending_) set_deadline(*r);
+    arm_timer();
     auto waiters = std::move(open_waiters_);
     open_waiters_.clear();
     for (auto& w : waiters) w.complete(error_code{});
@@ -263,7 +289,81 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     if (pending_.empty()) return fail(redis::make_error_code(redis::errc::protocol_error));
     auto req = std::move(pending_.front());
     pending_.pop_front();
+    if (req->internal && r.is_error())
+      return fail(redis::make_error_code(redis::errc::handshake_failed));
     if (req->handler) req->handler.complete(error_code{}, std::move(r));
+  }
+
+  // AUTH and SELECT go first on every new socket, ahead of the calls queued
+  // while it was opening; their replies are consumed here.
+  void prepend_handshake() {
+    std::string bytes;
+    std::size_t n = 0;
+    if (!opts_.password.empty()) {
+      std::vector<std::string> auth{"AUTH"};
+      if (!opts_.user.empty()) auth.push_back(opts_.user);
+      auth.push_back(opts_.password);
+      bytes += redis_format(auth);
+      ++n;
+    }
+    if (opts_.db != 0) {
+      bytes += redis_format({"SELECT", std::to_string(opts_.db)});
+      ++n;
+    }
+    out_.insert(0, bytes);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto req = std::make_shared<redis_request>();
+      req->internal = true;
+      pending_.push_front(std::move(req));
+    }
+  }
+
+  void set_tcp_options() {
+    error_code ec;
+    socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+    if (!opts_.keepalive) return;
+    socket_.set_option(asio::socket_base::keep_alive(true), ec);
+    socket_.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPIDLE>(15), ec);
+    socket_.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPINTVL>(5), ec);
+    socket_.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPCNT>(3), ec);
+  }
+
+  void set_deadline(redis_request& r) const {
+    if (opts_.command_timeout.count() > 0) r.deadline = clock::now() + opts_.command_timeout;
+  }
+
+  // The next moment to check: the connect deadline, or the oldest call's.
+  void arm_timer() {
+    clock::time_point target;
+    if (state_ == state::connecting && opts_.connect_timeout.count() > 0) {
+      target = connect_deadline_;
+    } else if (state_ == state::open && !pending_.empty() && opts_.command_timeout.count() > 0) {
+      target = pending_.front()->deadline;
+    } else {
+      return;
+    }
+    if (timer_armed_ && armed_for_ <= target) return;  // it re-checks when it fires
+    timer_armed_ = true;
+    armed_for_ = target;
+    ++io_ops_;
+    timer_.expires_at(target);  // cancels an older wait (it only decrements io_ops_)
+    timer_.async_wait(
+        [self = shared_from_this(), tg = ++timer_gen_](error_code) { self->on_timer(tg); });
+  }
+
+  void on_timer(unsigned tg) {
+    --io_ops_;
+    if (tg != timer_gen_ || state_ == state::closed) return maybe_idle();
+    timer_armed_ = false;
+    const auto now = clock::now();
+    if (state_ == state::connecting && opts_.connect_timeout.count() > 0 &&
+        now >= connect_deadline_)
+      return fail(redis::make_error_code(redis::errc::timed_out));
+    if (state_ == state::open && !pending_.empty() && opts_.command_timeout.count() > 0 &&
+        now >= pending_.front()->deadline)
+      return fail(redis::make_error_code(redis::errc::timed_out));
+    arm_timer();
+    maybe_idle();
   }
 
   void start_write() {
@@ -321,8 +421,14 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
 
   asio::any_io_executor ex_;
   socket_type socket_;
+  asio::steady_timer timer_;
   std::vector<endpoint_type> endpoints_;
   bool tcp_;
+  redis::options opts_;
+  clock::time_point connect_deadline_{};
+  clock::time_point armed_for_{};
+  bool timer_armed_ = false;
+  unsigned timer_gen_ = 0;
   state state_ = state::broken;
   unsigned gen_ = 0;
   std::size_t io_ops_ = 0;
@@ -341,4 +447,4 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
 
 }  // namespace sluice::detail
 
-#endif  // SLUICE_DETAIL_REDIS_IO_HPP
+#endif  // SLUICE_REDIS_DETAIL_IO_HPP

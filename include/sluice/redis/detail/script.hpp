@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
-#ifndef SLUICE_DETAIL_REDIS_SCRIPT_HPP
-#define SLUICE_DETAIL_REDIS_SCRIPT_HPP
+#ifndef SLUICE_REDIS_DETAIL_SCRIPT_HPP
+#define SLUICE_REDIS_DETAIL_SCRIPT_HPP
 
 #include <sluice/config.hpp>
 #include <sluice/redis/connection.hpp>
@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -22,17 +23,31 @@
 
 namespace sluice::detail {
 
-// One command whose wait ignores the caller's cancellation: the round trip
-// completes even if the caller is cancelled meanwhile (the cluster-wide
-// primitives must know whether a script ran). Returns error replies as
+// Whether a round trip follows the calling coroutine's cancellation. A
+// cancelled round trip throws operation_aborted at once; its reply is still
+// consumed by the connection (it stays matched), so the caller must undo
+// what the command may have done with a later command (pipelined after it).
+enum class redis_cancel { ignore, follow };
+
+// One command. `ignore`: the round trip completes even if the caller is
+// cancelled meanwhile (clean-up that must know whether a script ran); the
+// connection's command_timeout still bounds it. Returns error replies as
 // replies; throws system_error when there is no reply.
 inline asio::awaitable<redis::reply> redis_call(redis::connection& conn,
-                                                std::vector<std::string> cmd) {
+                                                std::vector<std::string> cmd,
+                                                redis_cancel mode = redis_cancel::ignore) {
   error_code ec;
-  auto token = asio::bind_cancellation_slot(asio::cancellation_slot(),
-                                            asio::redirect_error(asio::use_awaitable, ec));
-  auto op = conn.async_execute(std::move(cmd), token);  // named: g++ 12 temporaries
-  redis::reply r = co_await std::move(op);
+  redis::reply r;
+  if (mode == redis_cancel::ignore) {
+    auto token = asio::bind_cancellation_slot(asio::cancellation_slot(),
+                                              asio::redirect_error(asio::use_awaitable, ec));
+    auto op = conn.async_execute(std::move(cmd), token);  // named: g++ 12 temporaries
+    r = co_await std::move(op);
+  } else {
+    auto token = asio::redirect_error(asio::use_awaitable, ec);
+    auto op = conn.async_execute(std::move(cmd), token);
+    r = co_await std::move(op);
+  }
   if (ec) throw system_error(ec, "sluice::redis");
   co_return r;
 }
@@ -54,18 +69,19 @@ inline std::vector<std::string> redis_evalsha(const std::string& sha,
 }
 
 // Runs `s`; throws redis::server_error for an error reply, system_error when
-// there is no reply. Not cancellable (see redis_call).
+// there is no reply (see redis_call for `mode`).
 inline asio::awaitable<redis::reply> redis_eval(redis::connection& conn, redis_script& s,
                                                 std::vector<std::string> keys,
-                                                std::vector<std::string> args) {
+                                                std::vector<std::string> args,
+                                                redis_cancel mode = redis_cancel::ignore) {
   for (int attempt = 0;; ++attempt) {
     if (s.sha.empty()) {
       std::vector<std::string> load{"SCRIPT", "LOAD", s.source};
-      redis::reply r = co_await redis_call(conn, std::move(load));
+      redis::reply r = co_await redis_call(conn, std::move(load), mode);
       if (r.is_error()) throw redis::server_error(r.str);
       s.sha = r.str;
     }
-    redis::reply r = co_await redis_call(conn, redis_evalsha(s.sha, keys, args));
+    redis::reply r = co_await redis_call(conn, redis_evalsha(s.sha, keys, args), mode);
     if (r.is_error() && r.str.rfind("NOSCRIPT", 0) == 0 && attempt == 0) {
       s.sha.clear();
       continue;
@@ -91,6 +107,24 @@ void redis_eval_detached_reply(redis::connection& conn, const redis_script& s,
                      [done = std::move(done)](error_code ec, redis::reply r) mutable {
                        done(!ec && !r.is_error());
                      });
+}
+
+// Throws std::invalid_argument for a name that would break the `{hash tag}`
+// of the keys (all keys of one limit must share one Cluster slot): empty, or
+// containing a brace.
+inline void redis_check_name(const std::string& name, const char* who) {
+  if (name.empty() || name.find_first_of("{}") != std::string::npos)
+    throw std::invalid_argument(std::string(who) +
+                                ": the name must be non-empty and contain no '{' or '}' (it is "
+                                "the keys' {hash tag})");
+}
+
+// Throws std::invalid_argument for a count Lua cannot hold exactly (its
+// numbers are doubles: integers are exact up to 2^53).
+inline void redis_check_exact(std::uint64_t n, const char* who) {
+  if (n > (std::uint64_t{1} << 53))
+    throw std::invalid_argument(std::string(who) +
+                                ": counts above 2^53 are not exact in Redis's Lua");
 }
 
 // An id unique across processes and hosts: 64 random bits, the pid and a
@@ -143,4 +177,4 @@ struct redis_slot_handler {
 
 }  // namespace sluice::detail
 
-#endif  // SLUICE_DETAIL_REDIS_SCRIPT_HPP
+#endif  // SLUICE_REDIS_DETAIL_SCRIPT_HPP

@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_REDIS_DETAIL_SEMAPHORE_SCRIPTS_HPP
+#define SLUICE_REDIS_DETAIL_SEMAPHORE_SCRIPTS_HPP
+
+// The Lua scripts of redis::semaphore. Every script gets the same KEYS:
+//   1 holders  zset permit id -> lease expiry (server ms)
+//   2 queue    zset waiter id -> ticket
+//   3 alive    zset waiter id -> expiry of a waiter that stopped polling
+//   4 ticket   counter of the queue's tickets
+//   5 meta     hash: run_id (the server that wrote the keys), grace_until
+//   6 fence    the last fencing token handed out
+// Times are the server's (TIME), so the clients' clocks do not matter.
+
+#include <sluice/config.hpp>
+
+#include <string>
+
+namespace sluice::detail {
+
+// Shared head: `now` (server ms), `settle(grace)` and `fence()`.
+//
+// settle: a run_id other than the recorded one means a restart (perhaps from
+// an old snapshot) or a failover. New grants then wait until `grace_until`,
+// one renewal interval plus a margin after the change was seen (after the
+// server's start when nothing was recorded: a fresh or emptied server), so
+// that every live holder re-claims first; the entries of holders that do not
+// renew in that time expire at its end.
+//
+// fence: tokens are max(last + 1, now * 1000): strictly increasing on one
+// server, and still above the tokens of a snapshot's lost tail after a
+// restart, as long as the server's clock moved on (< 1000 grants per ms).
+inline const std::string redis_sem_head = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function settle(grace)
+  local info = redis.call('INFO', 'server')
+  local run = string.match(info, 'run_id:(%w+)')
+  local rec = redis.call('HGET', KEYS[5], 'run_id')
+  if rec == run then return tonumber(redis.call('HGET', KEYS[5], 'grace_until')) end
+  local from = now
+  if not rec then
+    -- whole seconds of two truncated clocks: the start may be up to 1 s later
+    local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+    from = now - math.max(up - 1, 0) * 1000
+  end
+  local gu = from + grace
+  redis.call('HSET', KEYS[5], 'run_id', run, 'grace_until', string.format('%.0f', gu))
+  if gu > now then
+    local hs = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+    for i = 1, #hs, 2 do
+      if tonumber(hs[i + 1]) > gu then redis.call('ZADD', KEYS[1], gu, hs[i]) end
+    end
+  end
+  return gu
+end
+local function fence()
+  local f = math.max((tonumber(redis.call('GET', KEYS[6])) or 0) + 1, now * 1000)
+  redis.call('SET', KEYS[6], string.format('%.0f', f))
+  return f
+end
+local function expire()
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+  for i = 1, #dead do redis.call('ZREM', KEYS[2], dead[i]) end
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+end
+)lua";
+
+// ARGV: permits, id, lease, waiter ttl, mode ('try' | 'wait'), grace.
+// Returns {granted, rank, fencing token}.
+inline const std::string redis_sem_acquire_lua = redis_sem_head + R"lua(
+local permits, id, lease, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local settled = now >= settle(tonumber(ARGV[6]))
+expire()
+local free = permits - redis.call('ZCARD', KEYS[1])
+if ARGV[5] == 'try' then
+  if settled and free > 0 and redis.call('ZCARD', KEYS[2]) == 0 then
+    redis.call('ZADD', KEYS[1], now + lease, id)
+    return {1, 0, fence()}
+  end
+  return {0, -1, 0}
+end
+if not redis.call('ZSCORE', KEYS[2], id) then
+  redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), id)
+end
+redis.call('ZADD', KEYS[3], now + ttl, id)
+local rank = redis.call('ZRANK', KEYS[2], id)
+if settled and rank < free then
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZADD', KEYS[1], now + lease, id)
+  return {1, rank, fence()}
+end
+return {0, rank, 0}
+)lua";
+
+// ARGV: permits, lease, grace, ids... Returns 1 (renewed) or 0 (lost) per id.
+// A permit whose entry is gone is re-claimed only during the grace after a
+// restart (when no new grant is made); otherwise it is lost, so a holder
+// that was cut off never re-claims ahead of the queue.
+inline const std::string redis_sem_renew_lua = redis_sem_head + R"lua(
+local permits, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
+local grace_until = settle(tonumber(ARGV[3]))
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local out = {}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  if redis.call('ZSCORE', KEYS[1], id) or
+     (now < grace_until and redis.call('ZCARD', KEYS[1]) < permits) then
+    redis.call('ZADD', KEYS[1], now + lease, id)
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+)lua";
+
+// ARGV: id, channel. Drops the id wherever it is (a release, a waiter that
+// gives up, an acquire cancelled in flight) and wakes the waiters.
+inline const std::string redis_sem_drop_lua = R"lua(
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('PUBLISH', ARGV[2], 'release')
+return n
+)lua";
+
+// ARGV: permits. Returns {free, waiting}.
+inline const std::string redis_sem_status_lua = redis_sem_head + R"lua(
+expire()
+local free = tonumber(ARGV[1]) - redis.call('ZCARD', KEYS[1])
+if free < 0 then free = 0 end
+return {free, redis.call('ZCARD', KEYS[2])}
+)lua";
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_REDIS_DETAIL_SEMAPHORE_SCRIPTS_HPP

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_REDIS_OPTIONS_HPP
+#define SLUICE_REDIS_OPTIONS_HPP
+
+#include <sluice/config.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace sluice::redis {
+
+/// Where and how `sluice::redis::connect(ex, options)` reaches a Redis server.
+/// Everything here is applied again on every reconnect and on every connection
+/// opened with `connection::connect_again()` (the semaphore's pub/sub
+/// connection): the socket options, then `AUTH` and `SELECT` as the first
+/// commands, pipelined ahead of the calls queued meanwhile.
+///
+/// Zero durations mean "no limit". A later Sentinel or Cluster connection
+/// takes the same options for each node it opens.
+///
+/// @code
+/// sluice::redis::options o{.host = "cache.internal", .port = 6380,
+///                          .user = "svc", .password = "secret", .db = 2,
+///                          .connect_timeout = std::chrono::seconds(2),
+///                          .command_timeout = std::chrono::seconds(1)};
+/// auto conn = co_await sluice::redis::connect(ex, o);
+/// @endcode
+struct options {
+  /// Host name or numeric address; resolved once by `connect()` (reconnects
+  /// reuse the addresses). Ignored when `unix_path` is set.
+  std::string host = "127.0.0.1";
+  /// TCP port.
+  std::uint16_t port = 6379;
+  /// A Unix domain socket path (`redis-server --unixsocket`); wins over
+  /// `host`/`port` when not empty.
+  std::string unix_path;
+  /// ACL user name for `AUTH user password`; empty: `AUTH password` (the
+  /// `default` user, `requirepass`).
+  std::string user;
+  /// Password; empty: no `AUTH` is sent.
+  std::string password;
+  /// Database index selected with `SELECT` after connecting (0: none sent).
+  int db = 0;
+  /// Limit on opening the socket (each reconnect too); past it the calls
+  /// waiting for the connection fail with `errc::timed_out`.
+  std::chrono::milliseconds connect_timeout{5000};
+  /// Limit on the oldest unanswered call: when a reply is this late the
+  /// server is taken as stalled or partitioned and the connection is reset:
+  /// every call pending on it fails with `errc::timed_out` (they may or may
+  /// not have run), the next call reconnects. Zero: wait for TCP. Set it
+  /// above the longest blocking command you send (`BLPOP` ...).
+  std::chrono::milliseconds command_timeout{5000};
+  /// TCP keepalive (idle 15 s, then probes every 5 s, 3 probes) so that a
+  /// silent peer is noticed even when no call is pending.
+  bool keepalive = true;
+};
+
+}  // namespace sluice::redis
+
+#endif  // SLUICE_REDIS_OPTIONS_HPP
