@@ -9,10 +9,10 @@
 #include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
+#include <support/fresh_loop.hpp>
 #include <support/spawned.hpp>
 
 #include <chrono>
-#include <exception>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -186,16 +186,9 @@ TEST_CASE("a keyed_rate_limiter serves one io_context after another",
           "[keyed_rate_limiter][lifetime]") {
   sluice::keyed_rate_limiter<int> per_key{1, 20ms};
   for (int round = 0; round < 2; ++round) {
-    asio::io_context ctx;
-    bool done = false;
-    asio::co_spawn(
-        ctx,
-        [&]() -> asio::awaitable<void> {
-          co_await per_key.acquire(1);
-          co_await per_key.acquire(1);
-        },
-        [&](std::exception_ptr e) { done = !e; });
-    ctx.run();
-    CHECK(done);
+    CHECK(sluice_test::run_on_fresh_loop([&]() -> asio::awaitable<void> {
+      co_await per_key.acquire(1);
+      co_await per_key.acquire(1);
+    }));
   }
 }

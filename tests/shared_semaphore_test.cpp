@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
+#include <support/lifetime.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -397,4 +398,83 @@ TEST_CASE(
   CHECK(sem.waiters() == 0);
   WARN("waiter 1: cancelled (removed or handed on) in " << first_aborted << ", granted in "
                                                         << first_ok << " of " << rounds);
+
+TEST_CASE("a waiter's loop destroyed before release() frees the waiter and loses no permit",
+          "[shared_semaphore][lifetime]") {
+  // ASan: release() posted into the destroyed io_context (use after free).
+  using sluice_test::lifetime_counter;
+  const int before = lifetime_counter::live();
+  sluice::shared_semaphore sem{1};
+  REQUIRE(sem.try_acquire());
+  {
+    asio::io_context ctx;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+          lifetime_counter in_frame;
+          co_await sem.acquire();
+          sem.release();
+        },
+        asio::detached);
+    ctx.run_for(10ms);  // stopped with the waiter queued
+    REQUIRE(sem.waiters() == 1);
+  }  // the loop dies: its waiter goes with it
+  CHECK(sem.waiters() == 0);
+  CHECK(lifetime_counter::live() == before);
+  std::thread elsewhere([&] { sem.release(); });
+  elsewhere.join();
+  CHECK(sem.value() == 1);  // the permit was not handed to the dead waiter
+}
+
+TEST_CASE("a waiter granted but not yet resumed when its loop dies is freed with the loop",
+          "[shared_semaphore][lifetime]") {
+  using sluice_test::lifetime_counter;
+  const int before = lifetime_counter::live();
+  sluice::shared_semaphore sem{1};
+  REQUIRE(sem.try_acquire());
+  {
+    asio::io_context ctx;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+          lifetime_counter in_frame;
+          co_await sem.acquire();
+        },
+        asio::detached);
+    ctx.poll();
+    REQUIRE(sem.waiters() == 1);
+    sem.release();  // granted: the completion is posted, never run
+  }
+  CHECK(lifetime_counter::live() == before);
+}
+
+TEST_CASE("threads that destroy their loop right after run() race with no grant's post",
+          "[shared_semaphore][lifetime]") {
+  // TSan: the releasing thread must be done with its post before the
+  // waiter's thread may destroy the io_context.
+  sluice::shared_semaphore sem{1};
+  int granted = 0;
+  for (int round = 0; round < 200; ++round) {
+    REQUIRE(sem.try_acquire());
+    std::atomic<bool> queued{false};
+    std::thread owner([&] {
+      asio::io_context ctx;
+      asio::co_spawn(
+          ctx,
+          [&]() -> asio::awaitable<void> {
+            auto permit = co_await sem.scoped_acquire();
+            ++granted;
+          },
+          asio::detached);
+      ctx.poll();
+      queued = true;
+      ctx.restart();
+      ctx.run();
+    });
+    until([&] { return queued.load() && sem.waiters() == 1; });
+    sem.release();
+    owner.join();
+  }
+  CHECK(granted == 200);
+  CHECK(sem.value() == 1);
 }

@@ -11,7 +11,6 @@
 
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
-#include <support/no_leak_check.hpp>
 #include <support/service_calls.hpp>
 #include <support/spawned.hpp>
 
@@ -397,19 +396,14 @@ TEST_CASE("a stream destroyed while another coroutine awaits its next() ends tha
   CHECK(svc.cancellations() == 2);
 }
 
-// Fails under ASan (LeakSanitizer) for variants 0 and 3, a consumer suspended
-// in next(): the stream's state holds the consumer's handler, whose frames hold
-// the state (wait_next's shared_ptr). Not new: main before the merge (9dcbe4e)
-// leaks the same way (4812 bytes vs 3601 now for variant 0).
-TEST_CASE("an io_context destroyed mid-stream uses nothing freed (ASan)", "[stream]") {
-  // A consumer waiting in next() (variants 0 and 3) is owned by the stream's
-  // state, which its frame owns in turn: a loop destroyed meanwhile leaks
-  // them (known, also before the ring buffer; docs/primitives.md "Known limitations"),
-  // so LeakSanitizer is off there. Variants 1 and 2 must free everything.
+// A consumer suspended in next() (variants 0 and 3) is owned by the stream's
+// state, whose frames own the state in turn (wait_next's shared_ptr): the
+// loop's shutdown (detail::loop_service) breaks that cycle, so every variant
+// must free everything (LeakSanitizer) and use nothing freed (ASan).
+TEST_CASE("an io_context destroyed mid-stream uses nothing freed and leaks nothing (ASan)",
+          "[stream]") {
   for (int variant = 0; variant < 4; ++variant) {
     INFO("variant " << variant);
-    std::optional<sluice_test::no_leak_check> known_leak;
-    if (variant == 0 || variant == 3) known_leak.emplace();
     std::optional<slow_service> svc;
     auto l = std::make_unique<virtual_loop>();
     svc.emplace(slow_service::options{.latency = latency::fixed(1s)});

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
+#include <support/lifetime.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -644,4 +645,25 @@ TEST_CASE("a body that cancels its caller and ends at once still makes run throw
       }));
   loop.run_for(1s);
   CHECK(how == "aborted");
+
+TEST_CASE("an io_context destroyed while run() waits for its children frees the waiting frames",
+          "[task_group][lifetime]") {
+  using sluice_test::lifetime_counter;
+  const int before = lifetime_counter::live();
+  {
+    sluice::testing::virtual_loop loop;
+    asio::co_spawn(
+        loop.get_executor(),
+        []() -> asio::awaitable<void> {
+          lifetime_counter in_parent;
+          co_await sluice::task_group::run([](sluice::task_group& g) -> asio::awaitable<void> {
+            g.spawn(sluice::sleep(std::chrono::hours(1)));
+            co_return;
+          });
+        },
+        asio::detached);
+    loop.run_for(std::chrono::seconds(1));
+    CHECK(lifetime_counter::live() == before + 1);
+  }
+  CHECK(lifetime_counter::live() == before);
 }

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
+#include <support/lifetime.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -246,4 +247,62 @@ TEST_CASE("task_group children hand blocking work to a pool and all finish befor
   CHECK(all_on_loop);
   CHECK(max_in_fn.load() <= 3);
   pool.join();
+}
+
+TEST_CASE("the caller's loop destroyed while fn runs frees the caller and posts nothing into it",
+          "[to_thread][lifetime]") {
+  // ASan: the pool thread posted into the destroyed io_context (use after
+  // free); the caller's frame is destroyed with its loop (LSan: no leak).
+  using sluice_test::lifetime_counter;
+  const int before = lifetime_counter::live();
+  asio::thread_pool pool(1);
+  std::atomic<bool> fn_started{false}, go{false}, fn_finished{false};
+  bool resumed = false;
+  {
+    asio::io_context ctx;
+    asio::co_spawn(
+        ctx,
+        [&]() -> asio::awaitable<void> {
+          lifetime_counter in_frame;
+          co_await sluice::to_thread(pool.get_executor(), [&] {
+            fn_started = true;
+            wait_for(go);
+            fn_finished = true;
+            return std::string(100, 'x');  // a result the pool thread must free
+          });
+          resumed = true;
+        },
+        asio::detached);
+    ctx.run_for(20ms);  // fn is running: the loop gives up waiting
+    REQUIRE(fn_started.load());
+    CHECK(lifetime_counter::live() == before + 1);
+  }                                           // the loop dies while fn still runs
+  CHECK(lifetime_counter::live() == before);  // the caller's frame went with its loop
+  go = true;
+  pool.join();
+  CHECK(fn_finished.load());
+  CHECK_FALSE(resumed);
+}
+
+TEST_CASE("a thread that destroys its loop right after run() races with no to_thread post",
+          "[to_thread][lifetime]") {
+  // TSan: the pool thread must be done with its post before the loop's
+  // thread may destroy the io_context.
+  asio::thread_pool pool(2);
+  int sevens = 0;
+  for (int round = 0; round < 200; ++round) {
+    std::thread owner([&] {
+      asio::io_context ctx;
+      asio::co_spawn(
+          ctx,
+          [&]() -> asio::awaitable<void> {
+            sevens += co_await sluice::to_thread(pool.get_executor(), [] { return 7; }) == 7;
+          },
+          asio::detached);
+      ctx.run();
+    });
+    owner.join();
+  }
+  pool.join();
+  CHECK(sevens == 200);
 }

@@ -12,11 +12,11 @@
 #include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
+#include <support/fresh_loop.hpp>
 #include <support/spawned.hpp>
 
 #include <chrono>
 #include <cmath>
-#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -124,17 +124,10 @@ TEST_CASE("token_bucket tokens() is exact for a rate that divides 10^9", "[token
 TEST_CASE("a token_bucket serves one io_context after another", "[token_bucket][lifetime]") {
   sluice::token_bucket tb{50.0, 1};  // one token per 20 ms
   for (int round = 0; round < 2; ++round) {
-    asio::io_context ctx;
-    bool done = false;
-    asio::co_spawn(
-        ctx,
-        [&]() -> asio::awaitable<void> {
-          co_await tb.acquire();
-          co_await tb.acquire();
-        },
-        [&](std::exception_ptr e) { done = !e; });
-    ctx.run();
-    CHECK(done);
+    CHECK(sluice_test::run_on_fresh_loop([&]() -> asio::awaitable<void> {
+      co_await tb.acquire();
+      co_await tb.acquire();
+    }));
   }
 }
 

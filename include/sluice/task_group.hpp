@@ -6,6 +6,7 @@
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/loop_service.hpp>
 #include <sluice/progress.hpp>
 #include <sluice/stop_source.hpp>
 #include <sluice/time.hpp>
@@ -503,7 +504,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
               if (type != asio::cancellation_type::none) cancel_from_parent();
             });
           }
-          joiner_ = detail::erased_handler<error_code>(std::move(handler), ex_);
+          joiner_.hold(std::move(handler), ex_);
         },
         token);
   }
@@ -523,7 +524,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   hooks_ptr progress_;
   bool parent_cancelled_ = false;
   std::exception_ptr first_error_;
-  detail::erased_handler<error_code> joiner_;
+  detail::loop_held_handler<error_code> joiner_;  // let go if its loop dies first
   [[no_unique_address]] detail::affinity affinity_;
 };
 

@@ -3,6 +3,7 @@
 #define SLUICE_TO_THREAD_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/loop_service.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -53,10 +54,63 @@ struct thread_call {
   std::exception_ptr error;
 };
 
+// The caller's side of one call: the handler that resumes the caller, and a
+// work guard that keeps the caller's execution context from running out of
+// work while `fn` runs. A hook on that context's loop_service: if the context
+// is destroyed first, on_end destroys the handler (the caller's frame) there,
+// on the destroying thread while the context still lives, and the pool thread
+// later finds the hook detached and posts nothing. The pool thread holds the
+// loop's lock across its post, so the context cannot be destroyed in the
+// middle of it (ThreadSanitizer: the scheduler's condition variable).
+template <class Handler>
+struct thread_return final : loop_hook {
+  using executor_type = asio::associated_executor_t<Handler>;
+
+  explicit thread_return(Handler&& h)
+      : handler(std::move(h)),
+        work(asio::make_work_guard(asio::get_associated_executor(*handler))) {
+    on_end = &orphan;
+  }
+  thread_return(const thread_return&) = delete;
+  thread_return& operator=(const thread_return&) = delete;
+  ~thread_return() {
+    if (life) life->detach(*this);
+  }
+
+  // On the caller's loop, before the call is posted.
+  void watch() {
+    life = loop_service::life_of_executor(work->get_executor());
+    if (life) life->attach(*this);  // false only for a context already shut down
+  }
+
+  // On the pool thread, after fn ran: resumes the caller unless its loop died.
+  void resume() {
+    if (!life) {  // no loop behind the handler: nothing can die first
+      asio::post(work->get_executor(), [h = std::move(*handler)]() mutable { std::move(h)(); });
+      return;
+    }
+    const auto lock = life->lock();
+    if (!attached) return;
+    life->detach(*this);
+    asio::post(work->get_executor(), [h = std::move(*handler)]() mutable { std::move(h)(); });
+    handler.reset();
+    work.reset();
+  }
+
+  static void orphan(loop_hook* hook) noexcept {
+    auto* self = static_cast<thread_return*>(hook);
+    self->handler.reset();
+    self->work.reset();
+  }
+
+  std::optional<Handler> handler;
+  std::optional<asio::executor_work_guard<executor_type>> work;
+  std::shared_ptr<loop_life> life;
+};
+
 // Posts the call to `ex`; when it has run, posts the handler back to its own
-// associated executor. A work guard keeps the handler's execution context
-// from running out of work meanwhile. No cancellation handler is installed:
-// `fn` cannot be interrupted.
+// associated executor (see thread_return). No cancellation handler is
+// installed: `fn` cannot be interrupted.
 template <class Executor, class Call>
 struct initiate_to_thread {
   Executor ex;
@@ -64,13 +118,13 @@ struct initiate_to_thread {
 
   template <class Handler>
   void operator()(Handler&& handler) const {
-    auto work = asio::make_work_guard(asio::get_associated_executor(handler));
-    asio::post(ex, [c = call, h = std::forward<Handler>(handler), w = std::move(work)]() mutable {
+    auto back =
+        std::make_shared<thread_return<std::decay_t<Handler>>>(std::forward<Handler>(handler));
+    back->watch();
+    asio::post(ex, [c = call, b = std::move(back)]() mutable {
       c->run();
       c.reset();  // the caller is the only owner from here on
-      auto home = w.get_executor();
-      asio::post(home, [h2 = std::move(h)]() mutable { std::move(h2)(); });
-      w.reset();
+      b->resume();
     });
   }
 };
@@ -98,7 +152,10 @@ struct initiate_to_thread {
 /// Lifetimes: `fn` is moved into shared state and destroyed after it ran; what
 /// it references must outlive the awaited call, and does, since the call
 /// always waits for `fn`. `ex` must run the work it is given (a stopped pool
-/// never resumes the caller).
+/// never resumes the caller). The caller's `io_context` may be destroyed while
+/// `fn` runs (a loop stopped with `run_for()`): the suspended caller is then
+/// destroyed with it, without resuming, `fn` still finishes on `ex`, and its
+/// result is discarded there; nothing is posted into the dead loop.
 ///
 /// @code
 /// asio::thread_pool pool{4};

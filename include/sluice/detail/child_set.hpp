@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/loop_service.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -191,7 +192,7 @@ class child_set : public std::enable_shared_from_this<child_set> {
               if (type != asio::cancellation_type::none) s->cancel_from_parent();
             });
           }
-          self->joiner_ = erased_handler<error_code>(std::move(handler), ex);
+          self->joiner_.hold(std::move(handler), ex);
         },
         token);
   }
@@ -225,7 +226,7 @@ class child_set : public std::enable_shared_from_this<child_set> {
   bool stopping_ = false;
   bool parent_cancelled_ = false;
   std::exception_ptr escaped_;
-  erased_handler<error_code> joiner_;
+  loop_held_handler<error_code> joiner_;  // let go if its loop dies first
 };
 
 }  // namespace sluice::detail

@@ -69,16 +69,6 @@ class loop_life {
     unlink(head_, h);
   }
 
-  // The same without the lock, for hooks that only the context's own
-  // handlers attach and detach (a join, a stream's consumer): Asio forbids
-  // destroying a context while it runs, so those never race with end().
-  bool attach_local(loop_hook& h) noexcept {
-    if (ended_.load(std::memory_order_relaxed)) return false;
-    link(local_head_, h);
-    return true;
-  }
-  void detach_local(loop_hook& h) noexcept { unlink(local_head_, h); }
-
   // True once the context's shutdown has begun.
   [[nodiscard]] bool ended() const noexcept { return ended_.load(std::memory_order_acquire); }
 
@@ -106,8 +96,8 @@ class loop_life {
     std::unique_lock<std::recursive_mutex> lock(mutex_);
     ended_.store(true, std::memory_order_release);
     for (;;) {
-      while (loop_hook* h = head_ != nullptr ? head_ : local_head_) {
-        unlink(head_ == h ? head_ : local_head_, *h);
+      while (loop_hook* h = head_) {
+        unlink(head_, *h);
         h->on_end(h);
       }
       if (expected_ == 0) return;
@@ -134,9 +124,8 @@ class loop_life {
   std::recursive_mutex mutex_;
   std::condition_variable_any handed_back_;
   std::atomic<bool> ended_{false};
-  loop_hook* head_ = nullptr;        // guarded by mutex_
-  loop_hook* local_head_ = nullptr;  // the context's own handlers only (attach_local)
-  std::size_t expected_ = 0;         // operations end() waits to be handed back
+  loop_hook* head_ = nullptr;  // guarded by mutex_
+  std::size_t expected_ = 0;   // operations end() waits to be handed back
 };
 
 // sluice's service on an execution context: owns the context's loop_life and
@@ -154,10 +143,21 @@ class loop_service final : public asio::execution_context::service {
   static std::shared_ptr<loop_life> life_of(asio::execution_context& ctx) {
     return asio::use_service<loop_service>(ctx).life_;
   }
+  // The same for an executor's context; null for an executor without one
+  // (use_future's: it only fulfils a promise, there is no loop to outlive).
   template <class Executor>
   static std::shared_ptr<loop_life> life_of_executor(const Executor& ex) {
-    return life_of(asio::query(ex, asio::execution::context_as<asio::execution_context&>));
+    if constexpr (has_context<Executor>) {
+      return life_of(asio::query(ex, asio::execution::context_as<asio::execution_context&>));
+    } else {
+      return nullptr;
+    }
   }
+
+  template <class Executor>
+  static constexpr bool has_context =
+      asio::can_query<const Executor&,
+                      asio::execution::context_as_t<asio::execution_context&>>::value;
 
  private:
   void shutdown() override { life_->end(); }
@@ -172,8 +172,9 @@ class loop_service final : public asio::execution_context::service {
 // the loop's shutdown destroys the handler (its slot cleared first) while the
 // context still lives; the frame then lets go of the state.
 //
-// Attached (locally: hold() and complete() run on the handler's own loop)
-// exactly while a handler is held. Not movable: the hook's address is linked.
+// Attached exactly while a handler is held (under the life's mutex: an
+// io_context run by several threads runs handlers of different strands at
+// once). Not movable: the hook's address is linked.
 template <class... Args>
 class loop_held_handler : private loop_hook {
  public:
@@ -185,14 +186,16 @@ class loop_held_handler : private loop_hook {
   // Holds `h` (which completes on its associated executor, else `fallback`).
   template <class Handler, class Executor>
   void hold(Handler&& h, const Executor& fallback) {
-    auto& ctx = asio::query(asio::get_associated_executor(h, fallback),
-                            asio::execution::context_as<asio::execution_context&>);
+    const auto ex = asio::get_associated_executor(h, fallback);
     let_go();
     handler_ = erased_handler<Args...>(std::forward<Handler>(h), fallback);
-    if (&ctx != ctx_ || !life_ || !life_->attach_local(*this)) {
-      life_ = loop_service::life_of(ctx);
-      ctx_ = &ctx;
-      life_->attach_local(*this);
+    if constexpr (loop_service::has_context<decltype(ex)>) {
+      auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
+      if (&ctx != ctx_ || !life_ || !life_->attach(*this)) {
+        life_ = loop_service::life_of(ctx);
+        ctx_ = &ctx;
+        life_->attach(*this);
+      }
     }
   }
 
@@ -219,7 +222,7 @@ class loop_held_handler : private loop_hook {
 
  private:
   void let_go() noexcept {
-    if (attached) life_->detach_local(*this);
+    if (attached) life_->detach(*this);
   }
 
   static void drop(loop_hook* hook) noexcept {

@@ -3,6 +3,7 @@
 #define SLUICE_DETAIL_SHARED_PERMIT_CORE_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/loop_service.hpp>
 #include <sluice/detail/stats_recorder.hpp>
 #include <sluice/detail/waiter_list.hpp>
 #include <sluice/stats.hpp>
@@ -13,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -202,8 +204,20 @@ class shared_permit_core {
 // waiter's side (armed before the op is queued, emitted by the waiter's own
 // executor, cleared by the completion, which runs on that executor). The
 // releasing thread only unlinks the op under the core's mutex and posts.
+//
+// The waiter's loop may die first (stopped, destroyed, while the op waits):
+// the op is a hook on that loop's loop_service, attached from its creation
+// until its completion is posted. A grant posts only under the loop's lock
+// and while the hook is attached, so nothing is posted into a dead loop, and
+// the loop's thread cannot destroy the context in the middle of a post. At
+// the loop's shutdown, a waiting op is taken out of the core and destroyed
+// there (its handler, the suspended frame, goes with the loop); an op
+// granted but not yet posted (a release on another thread, between the
+// core's mutex and the loop's lock) is expected back: its granting thread
+// finds it orphaned, hands the permit on and hands the op back to the
+// shutdown, which destroys it (a frame must die while its loop lives).
 template <class Handler>
-class shared_wait_op final : public shared_wait_node {
+class shared_wait_op final : public shared_wait_node, public loop_hook {
   using executor_type = asio::associated_executor_t<Handler, asio::any_io_executor>;
 
  public:
@@ -227,11 +241,34 @@ class shared_wait_op final : public shared_wait_node {
   shared_wait_op(Handler&& h, const asio::any_io_executor& fallback)
       : handler_(std::move(h)), work_(asio::get_associated_executor(handler_, fallback)) {
     this->grant_fn = &do_grant;
+    this->on_end = &on_loop_end;
+    life_ = loop_service::life_of_executor(work_.get_executor());
+    if (life_) life_->attach(*this);  // false only for a context already shut down
   }
 
   static void destroy(shared_wait_op* op) noexcept {
+    if (op->attached) op->life_->detach(*op);
     op->~shared_wait_op();
     asio::recycling_allocator<shared_wait_op>().deallocate(op, 1);
+  }
+
+  // Destroys an op that will never complete, its handler unrun.
+  static void discard(shared_wait_op* op) noexcept {
+    auto slot = asio::get_associated_cancellation_slot(op->handler_);
+    if (slot.is_connected()) slot.clear();
+    destroy(op);
+  }
+
+  // The waiter's loop is being destroyed (on its destroying thread, under its
+  // lock, the hook already detached).
+  static void on_loop_end(loop_hook* hook) noexcept {
+    auto* op = static_cast<shared_wait_op*>(hook);
+    if (op->orphaned_ || (op->linked.load(std::memory_order_acquire) && op->core->remove(op))) {
+      discard(op);  // handed back, or still waiting
+      return;
+    }
+    op->orphaned_ = true;  // granted or aborted, not yet posted: do_grant hands it back
+    op->life_->expect_hand_back();
   }
 
   // Owns the op from the grant (or the abort) until its completion runs on the
@@ -260,6 +297,20 @@ class shared_wait_op final : public shared_wait_node {
 
   static void do_grant(shared_wait_node* base, error_code ec) {
     auto* op = static_cast<shared_wait_op*>(base);
+    if (!op->life_) {  // no loop behind the handler (use_future): nothing can die first
+      asio::post(op->work_.get_executor(), completer(op, ec));
+      return;
+    }
+    const std::shared_ptr<loop_life> life = op->life_;  // op may be gone after the post
+    auto lock = life->lock();
+    if (op->orphaned_) {  // the waiter's loop is being destroyed
+      lock.unlock();
+      if (!ec) op->core->release();  // a grant nobody can use: hand the permit on
+      lock.lock();
+      life->hand_back(*op);
+      return;
+    }
+    life->detach(*op);
     asio::post(op->work_.get_executor(), completer(op, ec));
   }
 
@@ -280,6 +331,8 @@ class shared_wait_op final : public shared_wait_node {
 
   Handler handler_;
   asio::executor_work_guard<executor_type> work_;
+  std::shared_ptr<loop_life> life_;  // of the waiter's context
+  bool orphaned_ = false;            // under life_'s lock: expected back by its shutdown
 };
 
 // Starts one wait on `core` for `handler`.

@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/loop_service.hpp>
 #include <sluice/detail/result_ring.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -63,7 +64,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   stream_core& operator=(const stream_core&) = delete;
   // A waiting consumer's handler owns its frame, and with it a next_ref that
   // reads next_refs_ when it goes: drop it while every member still lives.
-  virtual ~stream_core() { consumer_ = erased_handler<error_code>(); }
+  virtual ~stream_core() { consumer_.reset(); }
 
   [[nodiscard]] std::size_t running() const noexcept { return running_; }
   [[nodiscard]] std::size_t ready() const noexcept { return buffer_.size(); }
@@ -380,7 +381,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
           // A consumer on another executor than the workers' (a stream moved
           // to another strand) is completed by a post of its own.
           consumer_on_ex_ = asio::get_associated_executor(handler, *ex_) == *ex_;
-          consumer_ = erased_handler<error_code>(std::move(handler), *ex_);
+          consumer_.hold(std::move(handler), *ex_);
           if (cancel_now) cancel_consumer();
         },
         token);
@@ -419,7 +420,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       return;
     }
     consumer_.clear_slot();
-    asio::post(*ex_, [self = this->shared_from_this(), h = std::move(consumer_)]() mutable {
+    asio::post(*ex_, [self = this->shared_from_this(), h = consumer_.release()]() mutable {
       if (self->run_deferring_kicks(h, error_code())) self->resume_parked();
     });
   }
@@ -467,7 +468,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   std::optional<Executor> ex_;
   result_ring<T> buffer_;
   std::deque<erased_handler<>> parked_;
-  erased_handler<error_code> consumer_;
+  loop_held_handler<error_code> consumer_;  // let go if its loop dies first
   std::exception_ptr error_;
   std::shared_ptr<stream_core> self_;  // see next_ref
   std::size_t next_refs_ = 0;
