@@ -398,6 +398,7 @@ TEST_CASE(
   CHECK(sem.waiters() == 0);
   WARN("waiter 1: cancelled (removed or handed on) in " << first_aborted << ", granted in "
                                                         << first_ok << " of " << rounds);
+}
 
 TEST_CASE("a waiter's loop destroyed before release() frees the waiter and loses no permit",
           "[shared_semaphore][lifetime]") {

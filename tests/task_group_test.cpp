@@ -645,6 +645,7 @@ TEST_CASE("a body that cancels its caller and ends at once still makes run throw
       }));
   loop.run_for(1s);
   CHECK(how == "aborted");
+}
 
 TEST_CASE("an io_context destroyed while run() waits for its children frees the waiting frames",
           "[task_group][lifetime]") {
