@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: BSL-1.0
+// An adversarial review of retry.hpp, adaptive_limit.hpp and acquire_all.hpp
+// (DESIGN.md "Providers that push back", "Bad input"): each case probes an
+// edge the headers' own tests did not pin. Every timing is exact, in virtual
+// time.
+#include <sluice/acquire_all.hpp>
+#include <sluice/adaptive_limit.hpp>
+#include <sluice/keyed_semaphore.hpp>
+#include <sluice/rate_limiter.hpp>
+#include <sluice/retry.hpp>
+#include <sluice/semaphore.hpp>
+#include <sluice/testing/virtual_time.hpp>
+#include <sluice/time.hpp>
+#include <sluice/token_bucket.hpp>
+
+#include <support/asio.hpp>
+
+#include <catch2/catch.hpp>
+#include <support/ending.hpp>
+#include <support/lifetime.hpp>
+#include <support/spawned.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace std::chrono_literals;
+using sluice::testing::virtual_loop;
+using sluice_test::lifetime_counter;
+using sluice_test::tasks_on_loop;
+using ns = std::chrono::nanoseconds;
+
+namespace {
+
+// Waits in acquire_all on `sem` with a counted frame.
+asio::awaitable<void> wait_all_counted(sluice::semaphore& sem) {
+  lifetime_counter in_frame;
+  auto held = co_await sluice::acquire_all(sem);
+}
+
+}  // namespace
+
+// ---- acquire_all ----------------------------------------------------------
+
+TEST_CASE("review: a rate limiter named twice in acquire_all is refused, not over-admitted",
+          "[acquire_all][review]") {
+  // Both were peeked free, then both taken: two starts in a window of one.
+  sluice::rate_limiter rpm{1, 1min};
+  sluice::rate_limiter tpm{100, 1min};
+  virtual_loop loop;
+  std::string twice, weighted_twice;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      auto held = co_await sluice::acquire_all(rpm, rpm);
+      twice = "granted";
+    } catch (const std::invalid_argument& e) {
+      twice = e.what();
+    }
+    try {
+      auto held = co_await sluice::acquire_all(tpm.weighted(60), tpm.weighted(60));
+      weighted_twice = "granted";
+    } catch (const std::invalid_argument& e) {
+      weighted_twice = e.what();
+    }
+  });
+  CHECK(twice.find("acquire_all") != std::string::npos);
+  CHECK(weighted_twice.find("acquire_all") != std::string::npos);
+  CHECK(rpm.stats().acquired == 0);  // nothing was recorded
+  CHECK(tpm.stats().acquired == 0);  // nor taken
+}
+
+TEST_CASE("review: a semaphore or key named twice in acquire_all throws, it does not spin",
+          "[acquire_all][review]") {
+  // sem{1} named twice could never be granted: it busy-looped without
+  // suspending (each budget's wait is granted at once, the other refused).
+  sluice::semaphore sem{1};
+  sluice::keyed_semaphore<int> per_key{1};
+  virtual_loop loop;
+  bool threw_sem = false, threw_key = false;
+  std::string distinct_keys;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      auto held = co_await sluice::acquire_all(sem, sem);
+    } catch (const std::invalid_argument&) {
+      threw_sem = true;
+    }
+    try {
+      auto held = co_await sluice::acquire_all(sluice::for_key(per_key, 7),
+                                               sluice::for_key(per_key, 7));
+    } catch (const std::invalid_argument&) {
+      threw_key = true;
+    }
+    // Two keys of one keyed_semaphore are two budgets.
+    distinct_keys = co_await sluice_test::ending_of(
+        sluice::acquire_all(sluice::for_key(per_key, 7), sluice::for_key(per_key, 8)));
+  });
+  CHECK(threw_sem);
+  CHECK(threw_key);
+  CHECK(distinct_keys == "ok");
+  CHECK(sem.value() == 1);
+  CHECK(per_key.keys() == 0);
+}
+
+TEST_CASE("review: an io_context destroyed while acquire_all callers wait frees their frames",
+          "[acquire_all][review]") {
+  // The second caller waits for the first to leave (FIFO among acquire_all
+  // callers); its frame owned the first caller's entry, whose event owned
+  // its frame: a cycle the loop's end has to break.
+  const int before = lifetime_counter::live();
+  {
+    asio::io_context ctx;
+    sluice::semaphore sem{0};  // destroyed first: its waiter's abort is posted, then dropped
+    asio::co_spawn(ctx, wait_all_counted(sem), asio::detached);
+    asio::co_spawn(ctx, wait_all_counted(sem), asio::detached);
+    asio::co_spawn(ctx, wait_all_counted(sem), asio::detached);
+    ctx.poll();
+    REQUIRE(sem.waiters() == 1);
+    CHECK(lifetime_counter::live() == before + 3);
+  }
+  CHECK(lifetime_counter::live() == before);
+}
+
+TEST_CASE("review: acquire_all cancelled while it waits behind an older caller holds nothing",
+          "[acquire_all][review]") {
+  sluice::semaphore sem{1};
+  sluice::rate_limiter rpm{2, 1min};
+  tasks_on_loop t;
+  auto& holder = t.spawn([&]() -> asio::awaitable<void> {
+    auto p = co_await sem.scoped_acquire();
+    co_await sluice::sleep(1h);
+  });
+  auto& older = t.spawn([&]() -> asio::awaitable<void> {
+    auto held = co_await sluice::acquire_all(sem, rpm);  // waits in sem's FIFO
+  });
+  auto& younger = t.spawn([&]() -> asio::awaitable<void> {
+    auto held = co_await sluice::acquire_all(rpm);  // shares rpm: waits for `older` to leave
+  });
+  t.loop.run_for(1s);
+  REQUIRE(sem.waiters() == 1);
+  REQUIRE_FALSE(younger.done);
+  younger.cancel();
+  t.poll();
+  CHECK(younger.cancelled());
+  CHECK(rpm.waiters() == 0);
+  holder.cancel();  // older is granted both at 1 s
+  t.loop.run_for(1s);
+  CHECK(older.succeeded());
+  CHECK(rpm.stats().acquired == 1);
+  CHECK(rpm.try_acquire());  // one start left in the window: the cancelled call took none
+  CHECK_FALSE(rpm.try_acquire());
+  CHECK(sem.value() == 1);
+}
