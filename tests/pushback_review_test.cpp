@@ -35,6 +35,11 @@ using ns = std::chrono::nanoseconds;
 
 namespace {
 
+// A provider error carrying a Retry-After hint.
+struct hinted : std::runtime_error, sluice::retry_after {
+  explicit hinted(sluice::clock::duration d) : std::runtime_error("hinted"), sluice::retry_after{d} {}
+};
+
 // Waits in acquire_all on `sem` with a counted frame.
 asio::awaitable<void> wait_all_counted(sluice::semaphore& sem) {
   lifetime_counter in_frame;
@@ -152,4 +157,108 @@ TEST_CASE("review: acquire_all cancelled while it waits behind an older caller h
   CHECK(rpm.try_acquire());  // one start left in the window: the cancelled call took none
   CHECK_FALSE(rpm.try_acquire());
   CHECK(sem.value() == 1);
+}
+
+// ---- retry ----------------------------------------------------------------
+
+TEST_CASE("review: a retry_after hint past the clock's range waits until cancelled",
+          "[retry][review]") {
+  // t + hint overflowed (undefined; in practice a deadline in the past and an
+  // immediate retry). sleep() saturates such a deadline; so must retry.
+  std::size_t attempts = 0;
+  tasks_on_loop t;
+  auto& task = t.spawn([&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(1s);  // so that now() + the hint leaves the clock's range
+    co_await sluice::retry({.attempts = 3}, [&]() -> asio::awaitable<void> {
+      ++attempts;
+      throw hinted(sluice::clock::duration::max());
+      co_return;
+    });
+  });
+  t.loop.run_for(1h);
+  CHECK(attempts == 1);
+  CHECK_FALSE(task.done);
+  task.cancel();
+  t.poll();
+  CHECK(task.cancelled());
+  CHECK(attempts == 1);
+}
+
+TEST_CASE("review: a backoff whose max is the clock's range waits until cancelled",
+          "[retry][review]") {
+  std::size_t attempts = 0;
+  tasks_on_loop t;
+  auto& task = t.spawn([&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(1s);
+    co_await sluice::retry({.first = sluice::clock::duration::max(),
+                            .max = sluice::clock::duration::max(),
+                            .attempts = 3,
+                            .jitter = sluice::no_jitter},
+                           [&]() -> asio::awaitable<void> {
+                             ++attempts;
+                             throw sluice::throttled_error("no");
+                             co_return;
+                           });
+  });
+  t.loop.run_for(1h);
+  CHECK(attempts == 1);
+  task.cancel();
+  t.poll();
+  CHECK(task.cancelled());
+}
+
+TEST_CASE("review: retry rethrows the very object when the budget refuses and at max_elapsed",
+          "[retry][review]") {
+  sluice::retry_budget budget{{.ratio = 0.0, .per = 10s}};
+  virtual_loop loop;
+  const void* thrown = nullptr;
+  const void* caught_budget = nullptr;
+  const void* caught_elapsed = nullptr;
+  auto fail = [&]() -> asio::awaitable<void> {
+    try {
+      throw sluice::throttled_error("refused");
+    } catch (const sluice::throttled_error& e) {
+      thrown = &e;
+      throw;
+    }
+    co_return;
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await sluice::retry({.attempts = 5, .budget = &budget}, fail);
+    } catch (const sluice::throttled_error& e) {
+      caught_budget = &e;
+    }
+    CHECK(caught_budget == thrown);
+    try {
+      co_await sluice::retry(
+          {.first = 2s, .attempts = 5, .max_elapsed = 1s, .jitter = sluice::no_jitter}, fail);
+    } catch (const sluice::throttled_error& e) {
+      caught_elapsed = &e;
+    }
+    CHECK(caught_elapsed == thrown);
+  });
+  CHECK(budget.refused() == 1);
+  CHECK(loop.now() == 0s);
+}
+
+TEST_CASE("review: a retry whose caller was cancelled before it called makes no attempt",
+          "[retry][review]") {
+  std::size_t attempts = 0;
+  tasks_on_loop t;
+  auto& task = t.spawn([&]() -> asio::awaitable<void> {
+    try {
+      co_await sluice::sleep(1h);
+    } catch (const sluice::system_error&) {
+    }
+    co_await sluice::retry({.first = 1s, .attempts = 5}, [&]() -> asio::awaitable<void> {
+      ++attempts;
+      co_return;
+    });
+  });
+  t.poll();
+  task.cancel();
+  t.loop.run_for(1min);
+  CHECK(task.cancelled());
+  CHECK(attempts == 0);
 }
