@@ -262,3 +262,100 @@ TEST_CASE("review: a retry whose caller was cancelled before it called makes no 
   CHECK(task.cancelled());
   CHECK(attempts == 0);
 }
+
+// ---- adaptive_limit -------------------------------------------------------
+
+namespace {
+
+sluice::adaptive_limit::options fixed(std::size_t initial, std::size_t max = 64) {
+  return {.initial = initial,
+          .min = 1,
+          .max = max,
+          .algorithm = sluice::aimd{.increase = 0, .backoff = 1.0}};
+}
+
+}  // namespace
+
+TEST_CASE("review: lowering an adaptive limit grants nothing, so stats count no grant",
+          "[adaptive_limit][review]") {
+  virtual_loop loop;
+  sluice::adaptive_limit cap{fixed(8)};
+  cap.set_limit(2);  // six free places leave the pool: nobody was granted anything
+  CHECK(cap.stats().acquired == 0);
+  CHECK(cap.in_flight() == 0);
+  auto p = cap.try_acquire(loop.get_executor());
+  CHECK(cap.stats().acquired == 1);
+  cap.set_limit(8);
+  cap.set_limit(1);  // absorbs the 1 free place; the rest is debt
+  CHECK(cap.stats().acquired == 1);
+  CHECK(cap.stats().in_use == 1);
+}
+
+TEST_CASE("review: an adaptive limit with a vast max moves in one step, not one per place",
+          "[adaptive_limit][review]") {
+  // apply() granted or absorbed the places one at a time: set_limit(max) with
+  // max = 2^62 never returned.
+  constexpr std::size_t huge = std::size_t{1} << 62;
+  virtual_loop loop;
+  sluice::adaptive_limit cap{fixed(1, huge)};
+  cap.set_limit(huge);
+  CHECK(cap.limit() == huge);
+  CHECK(cap.in_flight() == 0);
+  auto p = cap.try_acquire(loop.get_executor());
+  CHECK(cap.in_flight() == 1);
+  cap.set_limit(1);
+  CHECK(cap.limit() == 1);
+  CHECK(cap.in_flight() == 1);
+  p.reset();
+  CHECK(cap.in_flight() == 0);
+  sluice::adaptive_limit widest{fixed(1, std::numeric_limits<std::size_t>::max())};
+  widest.set_limit(std::numeric_limits<std::size_t>::max());
+  CHECK(widest.limit() == std::numeric_limits<std::size_t>::max());
+}
+
+TEST_CASE("review: FIFO holds while the limit moves and queued waiters are cancelled",
+          "[adaptive_limit][review]") {
+  tasks_on_loop t;
+  sluice::adaptive_limit cap{fixed(1)};
+  std::vector<int> order;
+  std::vector<sluice::adaptive_limit::permit> held;
+  auto first = cap.try_acquire(t.loop.get_executor());
+  std::vector<sluice_test::task*> w;
+  for (int i = 0; i < 6; ++i) {
+    w.push_back(&t.spawn([&, i]() -> asio::awaitable<void> {
+      auto p = co_await cap.scoped_acquire();
+      order.push_back(i);
+      held.push_back(std::move(p));
+    }));
+  }
+  t.poll();
+  REQUIRE(cap.waiters() == 6);
+  w[1]->cancel();
+  cap.set_limit(3);  // two new places: to 0 and 2 (1 left the queue)
+  w[2]->cancel();    // granted, not yet resumed: its place goes on to 3
+  t.poll();
+  CHECK(order == std::vector<int>{0, 3});
+  CHECK(w[1]->cancelled());
+  CHECK(w[2]->cancelled());
+  CHECK(cap.in_flight() == 3);
+  cap.set_limit(1);  // in flight 3 > 1: two releases are absorbed
+  first.reset();
+  held[0].reset();
+  t.poll();
+  CHECK(order == std::vector<int>{0, 3});
+  CHECK(cap.in_flight() == 1);
+  held[1].reset();  // now below the limit: the oldest waiter, 4
+  t.poll();
+  CHECK(order == std::vector<int>{0, 3, 4});
+  CHECK(cap.in_flight() == 1);
+  CHECK(cap.limit() == 1);
+  CHECK(cap.waiters() == 1);
+  cap.set_limit(0);  // clamped to min: nothing moves
+  CHECK(cap.limit() == 1);
+  held.clear();
+  t.poll();
+  CHECK(order == std::vector<int>{0, 3, 4, 5});
+  held.clear();
+  CHECK(cap.in_flight() == 0);
+  CHECK(cap.waiters() == 0);
+}
