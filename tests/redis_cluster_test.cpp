@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSL-1.0
 // sluice::redis::connect_cluster against a real Redis Cluster on loopback: three
 // `redis-server --cluster-enabled yes` nodes joined by `redis-cli --cluster create`.
+#include <sluice/gather.hpp>
 #include <sluice/redis/cluster.hpp>
 #include <sluice/redis/rate_limiter.hpp>
 #include <sluice/redis/semaphore.hpp>
@@ -12,8 +13,15 @@
 
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +36,12 @@ using sluice_test::sleep_ms;
 namespace {
 
 using seeds_t = std::vector<std::pair<std::string, std::uint16_t>>;
+
+// One cluster for the test cases of this binary (each uses keys of its own).
+sluice_test::redis_cluster& shared_cluster() {
+  static sluice_test::redis_cluster c = sluice_test::cluster_or_skip();
+  return c;
+}
 
 seeds_t seeds_of(const sluice_test::redis_cluster& c, std::size_t n = 1) {
   seeds_t s;
@@ -141,7 +155,7 @@ TEST_CASE("a command is routed by its first key", "[redis][cluster]") {
 
 TEST_CASE("a cluster connection sends each key to its node, in call order per slot",
           "[redis][cluster]") {
-  auto cluster = sluice_test::cluster_or_skip();
+  auto& cluster = shared_cluster();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto ex = co_await asio::this_coro::executor;
@@ -203,7 +217,7 @@ TEST_CASE("a cluster connection rejects db != 0, MULTI, and a node that is not i
     auto refused = co_await sluice_test::error_of(sluice::redis::connect_cluster(ex, nobody));
     CHECK(refused == asio::error::connection_refused);
   }());
-  auto cluster = sluice_test::cluster_or_skip();
+  auto& cluster = shared_cluster();
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto conn = co_await sluice::redis::connect_cluster(co_await asio::this_coro::executor,
                                                         seeds_of(cluster));
@@ -277,7 +291,7 @@ int other_port(const std::vector<int>& ports, int not_this) {
 
 TEST_CASE("ASK is followed during a migration and MOVED after it, keeping the order of a slot",
           "[redis][cluster]") {
-  auto cluster = sluice_test::cluster_or_skip();
+  auto& cluster = shared_cluster();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto ex = co_await asio::this_coro::executor;
@@ -319,7 +333,7 @@ TEST_CASE("ASK is followed during a migration and MOVED after it, keeping the or
 
 TEST_CASE("EVALSHA reaches every node: NOSCRIPT is answered by loading the script there",
           "[redis][cluster]") {
-  auto cluster = sluice_test::cluster_or_skip();
+  auto& cluster = shared_cluster();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto ex = co_await asio::this_coro::executor;
@@ -349,7 +363,7 @@ TEST_CASE("EVALSHA reaches every node: NOSCRIPT is answered by loading the scrip
 
 TEST_CASE("a semaphore on a cluster records the run_id of the node that owns its slot",
           "[redis][cluster]") {
-  auto cluster = sluice_test::cluster_or_skip();
+  auto& cluster = shared_cluster();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto ex = co_await asio::this_coro::executor;
@@ -372,4 +386,198 @@ TEST_CASE("a semaphore on a cluster records the run_id of the node that owns its
     CHECK(checked > 0);  // some names live away from the seed node
     co_await conn->close();
   }());
+}
+
+namespace {
+
+// What the fleet's processes measure, in a file each maps (MAP_SHARED): the
+// caps are checked by these counters, independently of Redis.
+struct fleet_shm {
+  static constexpr int n = 50;
+  static constexpr int recs = 512;
+  struct rec {
+    std::atomic<long long> send, recv;  // steady_clock ns around a granted acquire
+  };
+  std::atomic<long long> inflight[n], peak[n], grants[n], grants_after[n], first_after[n];
+  std::atomic<long long> errors, lost, migrated;  // migrated: ns when the last move ended
+  std::atomic<int> rate_n[n];
+  rec rate[n][recs];
+};
+
+long long now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+fleet_shm* map_shm(const std::string& path, bool create) {
+  const int fd = ::open(path.c_str(), create ? O_RDWR | O_CREAT | O_TRUNC : O_RDWR, 0600);
+  if (fd < 0) return nullptr;
+  if (create && ::ftruncate(fd, sizeof(fleet_shm)) != 0) return nullptr;
+  void* p = ::mmap(nullptr, sizeof(fleet_shm), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  return p == MAP_FAILED ? nullptr : static_cast<fleet_shm*>(p);
+}
+
+constexpr std::size_t fleet_permits = 2;
+constexpr std::size_t fleet_calls = 3;
+constexpr auto fleet_per = 300ms;
+
+// One process of the fleet: 50 semaphore{2} and 50 rate_limiter{3 per 300 ms},
+// one coroutine each, for `ms` milliseconds. Every exception is counted.
+int fleet_child(int port, const std::string& shm_path, long ms) {
+  fleet_shm* shm = map_shm(shm_path, false);
+  if (shm == nullptr) return 3;
+  asio::io_context ctx;
+  run_for(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        const seeds_t seeds{{"127.0.0.1", static_cast<std::uint16_t>(port)}};
+        auto op = sluice::redis::connect_cluster(ex, seeds);
+        auto conn = co_await std::move(op);
+        std::vector<std::unique_ptr<sluice::redis::semaphore>> sems;
+        std::vector<std::unique_ptr<sluice::redis::rate_limiter>> rates;
+        for (int i = 0; i < fleet_shm::n; ++i) {
+          sems.push_back(std::make_unique<sluice::redis::semaphore>(
+              conn, "fleet-sem-" + std::to_string(i), fleet_permits, 2000ms));
+          rates.push_back(std::make_unique<sluice::redis::rate_limiter>(
+              conn, "fleet-rate-" + std::to_string(i), fleet_calls, fleet_per));
+        }
+        const long long end = now_ns() + ms * 1000000LL;
+        auto failed = [&](const char* what, const std::exception& e) {
+          ++shm->errors;
+          std::fprintf(stderr, "fleet child: %s: %s\n", what, e.what());
+        };
+        auto sem_worker = [&](int i) -> asio::awaitable<void> {
+          while (now_ns() < end) {
+            try {
+              auto permit = co_await sems[i]->scoped_acquire();
+              const long long in = ++shm->inflight[i];
+              long long peak = shm->peak[i].load();
+              while (in > peak && !shm->peak[i].compare_exchange_weak(peak, in)) {
+              }
+              ++shm->grants[i];
+              const long long m = shm->migrated.load();
+              if (m != 0 && now_ns() > m) {
+                long long zero = 0;
+                shm->first_after[i].compare_exchange_strong(zero, now_ns());
+                ++shm->grants_after[i];
+              }
+              co_await sleep_ms(2 + (i * 7 + shm->grants[i].load()) % 9);
+              --shm->inflight[i];
+              if (permit.lost()) ++shm->lost;
+            } catch (const std::exception& e) {
+              failed("semaphore", e);
+            }
+          }
+        };
+        auto rate_worker = [&](int i) -> asio::awaitable<void> {
+          while (now_ns() < end) {
+            try {
+              const long long sent = now_ns();
+              co_await rates[i]->acquire();
+              const int k = shm->rate_n[i]++;
+              if (k < fleet_shm::recs) {
+                shm->rate[i][k].send = sent;
+                shm->rate[i][k].recv = now_ns();
+              }
+            } catch (const std::exception& e) {
+              failed("rate_limiter", e);
+            }
+          }
+        };
+        std::vector<asio::awaitable<void>> all;
+        for (int i = 0; i < fleet_shm::n; ++i) {
+          all.push_back(sem_worker(i));
+          all.push_back(rate_worker(i));
+        }
+        co_await sluice::gather(std::move(all));
+        for (auto& s : sems) co_await s->close();
+        co_await conn->close();
+      }(),
+      std::chrono::milliseconds(ms) + 30s);
+  return 0;
+}
+
+const sluice_test::register_child fleet_role{
+    "fleet", [](const std::vector<std::string>& a) {
+      return fleet_child(std::stoi(a.at(0)), a.at(1), std::stol(a.at(2)));
+    }};
+
+// A proven over-admission of a limiter: more than `calls` grants whose server
+// decisions (each between its send and its reply) all fall in one window.
+bool rate_exceeded(const fleet_shm& shm, int i) {
+  const int n = std::min(shm.rate_n[i].load(), fleet_shm::recs);
+  const long long per = std::chrono::nanoseconds(fleet_per).count();
+  for (int a = 0; a < n; ++a) {
+    const long long from = shm.rate[i][a].send.load();
+    std::size_t inside = 0;
+    for (int b = 0; b < n; ++b)
+      if (shm.rate[i][b].send.load() >= from && shm.rate[i][b].recv.load() < from + per) ++inside;
+    if (inside > fleet_calls) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("50 semaphores and 50 rate limiters over 3 processes hold their caps while a slot moves",
+          "[redis][cluster]") {
+  auto& cluster = shared_cluster();
+  const std::string shm_path = cluster.dir() + "/fleet.shm";
+  fleet_shm* shm = map_shm(shm_path, true);
+  REQUIRE(shm != nullptr);
+  const long run_ms = 6000;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 3; ++p)
+    pids.push_back(sluice_test::spawn_child(
+        "fleet", {std::to_string(cluster.ports()[static_cast<std::size_t>(p)]), shm_path,
+                  std::to_string(run_ms)}));
+  // While they run: move the slot of fleet-sem-7 (its keys in one MIGRATE), then
+  // the slot of fleet-rate-7 (one key a batch), each with pauses in the
+  // MIGRATING/IMPORTING state (ASK, TRYAGAIN) before the SETSLOT NODE (MOVED).
+  asio::io_context ctx;
+  const int sem_slot = sluice::redis::key_slot("fleet-sem-7");
+  const int rate_slot = sluice::redis::key_slot("fleet-rate-7");
+  long long moved_at = 0;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    co_await sleep_ms(1000);
+    for (int slot : {sem_slot, rate_slot}) {
+      const int from = co_await owner_port(cluster.ports()[0], slot);
+      const int to = other_port(cluster.ports(), from);
+      auto m = co_await migration::begin(slot, from, to, cluster.ports());
+      co_await sleep_ms(150);
+      co_await m.move_keys(to, slot == sem_slot ? 1000 : 1);
+      co_await sleep_ms(150);
+      co_await m.finish();
+      CHECK(co_await owner_port(cluster.ports()[0], slot) == to);
+      if (slot == sem_slot) {
+        moved_at = now_ns();
+        shm->migrated = moved_at;
+      }
+    }
+  }());
+  for (pid_t pid : pids) CHECK(sluice_test::wait_process(pid) == 0);
+  CHECK(shm->errors.load() == 0);
+  CHECK(shm->lost.load() == 0);
+  int at_cap = 0;
+  long long grants = 0, rate_grants = 0;
+  for (int i = 0; i < fleet_shm::n; ++i) {
+    INFO("limiter " << i);
+    CHECK(shm->peak[i].load() <= static_cast<long long>(fleet_permits));
+    CHECK(shm->grants_after[i].load() > 0);  // every semaphore went on after the move
+    CHECK_FALSE(rate_exceeded(*shm, i));
+    CHECK(shm->rate_n[i].load() > 0);
+    at_cap += shm->peak[i].load() == static_cast<long long>(fleet_permits);
+    grants += shm->grants[i].load();
+    rate_grants += shm->rate_n[i].load();
+  }
+  CHECK(at_cap >= 40);  // the test had contention: most caps were reached
+  const double resume_ms = static_cast<double>(shm->first_after[7].load() - moved_at) / 1e6;
+  WARN("fleet over a resharding: " << grants << " semaphore grants, " << rate_grants
+                                   << " rate grants, " << at_cap
+                                   << "/50 semaphores reached their cap; fleet-sem-7 granted again "
+                                   << resume_ms << " ms after its slot moved");
+  ::munmap(shm, sizeof(fleet_shm));
 }
