@@ -30,7 +30,7 @@
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen redis-server libhiredis-dev pkg-config python3-matplotlib wrk curl
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen redis-server libhiredis-dev libssl-dev openssl redis-sentinel pkg-config python3-matplotlib wrk curl
 # The peers of `make bench-peers` only (not CI's): Go + x/sync, Rust + tokio + futures, Trio.
 PEER_PACKAGES = golang-go golang-golang-x-sync-dev cargo librust-tokio-dev librust-futures-dev python3-trio
 PYTHON   ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
