@@ -257,7 +257,9 @@ asio::awaitable<std::tuple<gather_value_t<T>...>, Executor> gather_tuple(
   co_return std::tuple<gather_value_t<T>...>(std::move(*std::get<I>(slots))...);
 }
 
-template <class T, class Executor>
+// Rethrow: a failure is stored and rethrown, so that a settling fan-out with
+// progress counts it in `failed` (and goes on).
+template <bool Rethrow = false, class T, class Executor>
 asio::awaitable<void, Executor> store_outcome_into(asio::awaitable<T, Executor> task,
                                                    std::optional<outcome<T>>& slot) {
   try {
@@ -269,6 +271,7 @@ asio::awaitable<void, Executor> store_outcome_into(asio::awaitable<T, Executor> 
     }
   } catch (...) {
     slot.emplace(std::current_exception());
+    if constexpr (Rethrow) throw;
   }
 }
 
@@ -318,25 +321,6 @@ constexpr bool return_exceptions_before_last() {
 template <bool Settle, class T>
 using tuple_slot_t = std::conditional_t<Settle, outcome<T>, gather_value_t<T>>;
 
-// A task of a settling variadic gather with progress: stores its outcome and
-// rethrows a failure, so that the fan-out counts it in `failed` (a settling
-// fan-out goes on).
-template <class T, class Executor>
-asio::awaitable<void, Executor> store_outcome_and_rethrow(asio::awaitable<T, Executor> task,
-                                                          std::optional<outcome<T>>& slot) {
-  try {
-    if constexpr (std::is_void_v<T>) {
-      co_await std::move(task);
-      slot.emplace();
-    } else {
-      slot.emplace(co_await std::move(task));
-    }
-  } catch (...) {
-    slot.emplace(std::current_exception());
-    throw;
-  }
-}
-
 // gather(a, b, ..., [return_exceptions,] progress): the ranged fan-out over
 // the wrapped tasks reports; total is the number of tasks.
 template <bool Settle, class Executor, class F, class... T, std::size_t... I>
@@ -346,7 +330,7 @@ asio::awaitable<std::tuple<tuple_slot_t<Settle, T>...>, Executor> gather_tuple_p
   std::vector<asio::awaitable<void, Executor>> wrapped;
   wrapped.reserve(sizeof...(T));
   if constexpr (Settle) {
-    (wrapped.push_back(store_outcome_and_rethrow(std::move(tasks), std::get<I>(slots))), ...);
+    (wrapped.push_back(store_outcome_into<true>(std::move(tasks), std::get<I>(slots))), ...);
   } else {
     (wrapped.push_back(store_into(std::move(tasks), std::get<I>(slots))), ...);
   }
