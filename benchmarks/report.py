@@ -128,7 +128,10 @@ def collect(out):
         elif name in PREFIXED_ONLY:
             # These binaries share case names (their own floors): only under
             # "<binary>:<case>", so each ratio stays in one process.
-            context = load_google(path, timings, [], name + ":") or context
+            ctx = load_google(path, timings, [], name + ":")
+            context = ctx or context
+            if ctx.get("load_avg"):  # the 1-minute load average when it ran
+                timings[name + ":load_avg"] = ctx["load_avg"][0]
         else:
             context = load_google(path, timings, study) or context
     peers = os.path.join(out, "peers.json")  # make bench-peers (benchmarks/peers.py)
@@ -483,8 +486,10 @@ def stats_table(t):
     ]
     if not any(sb + case in t for _, case in rows):
         return []
+    load = t.get(sb + "load_avg")
     out = ["", "**What stats cost** (`benchmarks/stats_bench.cpp`; CPU ns per iteration with "
-           "stats kept, × the floor of the same binary, heap allocations per iteration)", "",
+           "stats kept, × the floor of the same binary, heap allocations per iteration"
+           + (f"; load average {load:.1f} during its run" if load is not None else "") + ")", "",
            "| path | ns | × floor | allocations |", "|---|---|---|---|"]
     floor = t.get(sb + "nested_co_await")
     for label, case in rows:
