@@ -33,6 +33,7 @@ struct redis_cluster_cmd {
   int slot = -1;                                     // -1: no key (the default node)
   erased_handler<error_code, redis::reply> handler;  // empty once completed (or cancelled)
   std::optional<redis_node_addr> ask;  // next send: ASKING, then the command there
+  bool asked = false;                  // the last send was after an ASKING
   bool load = false;                   // next send: SCRIPT LOAD <source> first
   bool reloaded = false;               // NOSCRIPT handled once
   int redirects = 0;                   // MOVED/ASK followed
@@ -247,10 +248,11 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
     ++l.inflight;
     l.node = to;
     auto& io = *ios_.at(to);
-    if (c->ask) io.submit({"ASKING"}, [](error_code, const redis::reply&) {});
     if (c->load)
       io.submit({"SCRIPT", "LOAD", scripts_.at(c->args.at(1))},
                 [](error_code, const redis::reply&) {});
+    if (c->ask) io.submit({"ASKING"}, [](error_code, const redis::reply&) {});  // just before it
+    c->asked = c->ask.has_value();
     c->ask.reset();
     c->load = false;
     io.submit(c->args, [self = shared_from_this(), c, to](error_code ec, redis::reply r) {
@@ -298,6 +300,7 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
         scripts_.count(c->args.at(1)) != 0) {
       c->reloaded = true;
       c->load = true;
+      if (c->asked) c->ask = addrs_.at(from);  // the node that said NOSCRIPT, again after ASKING
       return true;
     }
     return false;
