@@ -39,7 +39,7 @@ SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O0 -g1 -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
-TSAN_TESTS = to_thread shared_semaphore affinity strand_bound task_group lock semaphore event condition queue gather map_unordered stats
+TSAN_TESTS = to_thread shared_semaphore affinity strand_bound strand_bound_review task_group lock semaphore event condition queue gather map_unordered stats
 
 .PHONY: bench-peers deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench bench-docs bench-boost adaptive-docs docs fuzz fuzz-ci fuzz-build clean
 
