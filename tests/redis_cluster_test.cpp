@@ -519,3 +519,116 @@ TEST_CASE("50 semaphores and 50 rate limiters over 3 processes hold their caps w
                                    << resume_ms << " ms after its slot moved");
   ::munmap(shm, sizeof(fleet_shm));
 }
+
+TEST_CASE("a cancelled cluster call completes at once and later calls of its slot stay in order; "
+          "close() fails what is pending",
+          "[redis][cluster]") {
+  auto& cluster = shared_cluster();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    auto conn = co_await sluice::redis::connect_cluster(ex, seeds_of(cluster));
+    // BLPOP answers nil after 0.3 s; its caller is cancelled after 50 ms.
+    asio::cancellation_signal sig;
+    bool blpop_done = false;
+    sluice::error_code blpop_ec;
+    conn->async_execute({"BLPOP", "{cancel}list", "0.3"},
+                        asio::bind_cancellation_slot(sig.slot(), [&](sluice::error_code ec, reply) {
+                          blpop_done = true;
+                          blpop_ec = ec;
+                        }));
+    std::string behind;
+    conn->async_execute({"ECHO", "behind"}, [&](sluice::error_code, reply r) { behind = r.str; });
+    long long incr = 0;
+    conn->async_execute({"INCR", "{cancel}n"}, [&](sluice::error_code, reply r) { incr = r.integer; });
+    co_await sleep_ms(50);
+    sig.emit(asio::cancellation_type::terminal);
+    co_await sleep_ms(10);
+    CHECK(blpop_done);
+    CHECK(blpop_ec == asio::error::operation_aborted);
+    CHECK(incr == 0);  // same slot, behind the BLPOP on the same socket
+    CHECK(conn->pending() >= 2);
+    CHECK((co_await conn->execute("GET", "{cancel}n")).str == "1");  // after the BLPOP and INCR
+    CHECK(behind == "behind");
+    CHECK(conn->pending() == 0);
+    // close(): a blocked call fails with errc::closed, later ones too.
+    sluice::error_code closed_ec;
+    conn->async_execute({"BLPOP", "{cancel}list", "5"},
+                        [&](sluice::error_code ec, reply) { closed_ec = ec; });
+    co_await sleep_ms(20);
+    co_await conn->close();
+    co_await sleep_ms(5);
+    CHECK(closed_ec == sluice::redis::make_error_code(sluice::redis::errc::closed));
+    auto later = co_await sluice_test::error_of(conn->execute("PING"));
+    CHECK(later == sluice::redis::make_error_code(sluice::redis::errc::closed));
+    CHECK_FALSE(conn->is_open());
+  }());
+}
+
+TEST_CASE("a node that stops answering fails its calls within command_timeout; the others go on",
+          "[redis][cluster]") {
+  auto& cluster = shared_cluster();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    sluice::redis::options o;
+    o.command_timeout = 300ms;
+    auto conn = co_await sluice::redis::connect_cluster(ex, seeds_of(cluster), o);
+    // Two keys on two different nodes.
+    std::string stalled_key, live_key;
+    int stalled_port = 0;
+    for (int i = 0; stalled_key.empty() || live_key.empty(); ++i) {
+      const std::string k = "stall:" + std::to_string(i);
+      const int port = co_await owner_port(cluster.ports()[0], sluice::redis::key_slot(k));
+      if (port == cluster.ports()[1] && stalled_key.empty()) {
+        stalled_key = k;
+        stalled_port = port;
+      } else if (port != cluster.ports()[1] && live_key.empty()) {
+        live_key = k;
+      }
+    }
+    co_await conn->execute("SET", stalled_key, "1");
+    auto admin = co_await connect_to(stalled_port);
+    co_await admin->execute("CLIENT", "PAUSE", "800", "ALL");  // a stall, as SIGSTOP would
+    const auto t0 = std::chrono::steady_clock::now();
+    auto ec = co_await sluice_test::error_of(conn->execute("GET", stalled_key));
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    CHECK(ec == sluice::redis::make_error_code(sluice::redis::errc::timed_out));
+    CHECK(waited >= 250ms);
+    CHECK(waited < 790ms);
+    co_await conn->execute("SET", live_key, "2");  // another node: unaffected
+    CHECK((co_await conn->execute("GET", live_key)).str == "2");
+    co_await sleep_ms(600);
+    CHECK((co_await conn->execute("GET", stalled_key)).str == "1");  // reconnected
+    co_await admin->close();
+    co_await conn->close();
+  }());
+}
+
+TEST_CASE("redis.md: a semaphore and a rate limiter moved to a cluster by one line", "[docs]") {
+  auto& cluster = shared_cluster();
+  const auto port = static_cast<std::uint16_t>(cluster.ports()[0]);
+  asio::io_context ctx;
+  std::size_t free_during = 0, free_after = 0;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    // clang-format off
+std::vector<std::pair<std::string, std::uint16_t>> seeds{{"127.0.0.1", port}};   // some of the nodes
+sluice::redis::options o;                        // AUTH, TLS, timeouts as for connect(); db must be 0
+o.command_timeout = std::chrono::seconds(1);
+auto conn = co_await sluice::redis::connect_cluster(ex, seeds, o);
+sluice::redis::semaphore cap{conn, "places-api", 5, std::chrono::seconds(5)};   // unchanged
+sluice::redis::rate_limiter rpm{conn, "places-api:rpm", 60, std::chrono::minutes(1)};
+    // clang-format on
+    {
+      auto permit = co_await cap.scoped_acquire();
+      co_await rpm.acquire();
+      free_during = co_await cap.value();
+    }
+    free_after = co_await cap.value();
+    co_await cap.close();
+    co_await conn->close();
+  }());
+  CHECK(free_during == 4);
+  CHECK(free_after == 5);
+}

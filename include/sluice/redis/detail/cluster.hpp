@@ -285,7 +285,13 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
       }
       return true;
     }
-    const bool again = r.str.rfind("TRYAGAIN", 0) == 0;
+    // TRYAGAIN: a multi-key command whose keys a migration split. "non local
+    // key": a script in a migrating slot deleted a key (a trim emptied it) and
+    // then wrote it again; Redis aborted it there, its effects so far stand
+    // (sluice's scripts only trim or re-draw a ticket by then), and it runs
+    // again where the key now belongs.
+    const bool again = r.str.rfind("TRYAGAIN", 0) == 0 ||
+                       r.str.find("non local key in a cluster node") != std::string::npos;
     const bool down = r.str.rfind("CLUSTERDOWN", 0) == 0;
     if (again || down) {
       if (clock::now() - c->started >= budget()) return false;
@@ -375,7 +381,12 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
       again_ = true;
       return;
     }
-    if (closed_ || ios_.empty()) return;
+    if (closed_ || ios_.empty()) {
+      auto w = std::move(refresh_waiters_);
+      refresh_waiters_.clear();
+      for (auto& h : w) h.complete(redis::make_error_code(redis::errc::closed), std::string());
+      return;
+    }
     refreshing_ = true;
     std::vector<int> order{default_};
     for (int i = 0; i < static_cast<int>(ios_.size()); ++i)
