@@ -12,6 +12,11 @@
 //   fleet              latencies scaled by 1/20 (50-250 ms per call)
 //   fleet --virtual    scaled by 1/100: a fast real run for the test suite
 //                      (it still starts redis-server and 8 processes)
+//   fleet --cluster    the shared limits on a 3-node Redis Cluster this program
+//                      starts (redis-cli --cluster create), reached with
+//                      sluice::redis::connect_cluster; mid-run the slot of
+//                      {places-api} moves to another node (a resharding). The
+//                      provider's counters stay on the plain redis-server.
 //   fleet --sentinel   the shared cap through sluice::redis::connect_sentinel
 //                      on a primary + replica + 3 redis-sentinels it starts;
 //                      the primary is SIGKILLed mid-run, the fleet carries on
@@ -23,12 +28,14 @@
 // skipped by the test suite).
 
 #include <sluice/gather.hpp>
+#include <sluice/redis/cluster.hpp>
 #include <sluice/redis/rate_limiter.hpp>
 #include <sluice/redis/semaphore.hpp>
 #include <sluice/redis/sentinel.hpp>
 #include <sluice/semaphore.hpp>
 
 #include <support/asio.hpp>
+#include <support/redis_cluster.hpp>
 #include <support/redis_run.hpp>
 #include <support/redis_sentinel.hpp>
 #include <support/redis_server.hpp>
@@ -38,6 +45,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -89,26 +98,38 @@ long long now_ns() {  // CLOCK_MONOTONIC: one clock for every process
       .count();
 }
 
-using sluice_test::sentinels_of;
+// The connection the fleet-wide limits use: the plain server's, or (cluster
+// mode, `cluster_port` > 0) a cluster connection, or (sentinel mode,
+// `sentinels` "p1,p2,p3") the primary found through the sentinels; the one
+// line that changes.
+asio::awaitable<std::shared_ptr<sluice::redis::connection>> limits_connection(
+    std::shared_ptr<sluice::redis::connection> plain, int cluster_port,
+    std::string sentinels = {}) {
+  if (!sentinels.empty()) {
+    sluice::redis::options o;
+    o.connect_timeout = 1s;  // calls to the dead primary fail fast, and are tried again
+    o.command_timeout = 1s;
+    auto op = sluice::redis::connect_sentinel(co_await asio::this_coro::executor,
+                                              sluice_test::sentinels_of(sentinels), "mymaster", o);
+    co_return co_await std::move(op);
+  }
+  if (cluster_port <= 0) co_return plain;
+  const std::vector<std::pair<std::string, std::uint16_t>> seeds{
+      {"127.0.0.1", static_cast<std::uint16_t>(cluster_port)}};
+  auto op = sluice::redis::connect_cluster(co_await asio::this_coro::executor, seeds);
+  co_return co_await std::move(op);
+}
 
 // One client process: 14 calls gathered at once, each behind the cap. In
-// mode "sentinel" the limits go through `sentinels` (the provider's counts
-// stay on `port`), and a call that fails during the failover is tried again.
-int run_client(int port, int replica, double scale, const std::string& mode,
+// mode "sentinel" a call that fails during the failover is tried again.
+int run_client(int port, int replica, double scale, const std::string& mode, int cluster_port,
                const std::string& sentinels) {
   asio::io_context ctx;
   sluice_test::run_for(
       ctx,
       [&]() -> asio::awaitable<void> {
         auto conn = co_await sluice_test::connect_to(port);
-        auto limits = conn;
-        if (mode == "sentinel") {
-          sluice::redis::options o;
-          o.connect_timeout = 1s;
-          o.command_timeout = 1s;
-          limits = co_await sluice::redis::connect_sentinel(
-              co_await asio::this_coro::executor, sentinels_of(sentinels), "mymaster", o);
-        }
+        auto limits = co_await limits_connection(conn, cluster_port, sentinels);
         sluice::semaphore local_cap{5};
         sluice::redis::semaphore fleet_cap{limits, "places-api", 5, 1000ms};
         sluice::redis::rate_limiter fleet_rate{limits, "places-api:rate", 200, 1s};
@@ -184,14 +205,22 @@ struct fleet_result {
   long long killed_ns = 0;  // --sentinel: when the primary was SIGKILLed
 };
 
-fleet_result run_fleet(int port, const char* scale, const std::string& mode,
+// `during`: run (in this process) while the clients run. `sentinels`: the
+// limits go through them, and their primary is SIGKILLed mid-run.
+fleet_result run_fleet(int port, const char* scale, const std::string& mode, int cluster_port = 0,
+                       const std::function<asio::awaitable<void>()>& during = {},
                        sluice_test::redis_sentinels* sentinels = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string ports = sentinels != nullptr ? sentinels->ports_csv() : "";
   std::vector<pid_t> pids;
   for (int r = 0; r < 4; ++r) {
     pids.push_back(sluice_test::spawn_child(
-        "client", {std::to_string(port), std::to_string(r), scale, mode, ports}));
+        "client", {std::to_string(port), std::to_string(r), scale, mode,
+                   std::to_string(cluster_port), ports}));
+  }
+  if (during) {
+    asio::io_context ctx;
+    sluice_test::run_for(ctx, during(), 60s);
   }
   fleet_result out;
   if (sentinels != nullptr) {  // crash the primary while the fleet runs
@@ -214,7 +243,7 @@ fleet_result run_fleet(int port, const char* scale, const std::string& mode,
 const sluice_test::register_child client_role{
     "client", [](const std::vector<std::string>& a) {
       return run_client(std::stoi(a.at(0)), std::stoi(a.at(1)), std::stod(a.at(2)), a.at(3),
-                        a.size() > 4 ? a.at(4) : "");
+                        std::stoi(a.at(4)), a.size() > 5 ? a.at(5) : "");
     }};
 
 // What the provider saw: the fencing tokens of the writes, how many were
@@ -259,8 +288,9 @@ int sentinel_demo(const char* scale) {
   {
     asio::io_context ctx;  // wait out a fresh server's grace (see main)
     sluice_test::run_for(ctx, [&]() -> asio::awaitable<void> {
-      auto conn = co_await sluice::redis::connect_sentinel(co_await asio::this_coro::executor,
-                                                           sentinels_of(ports), "mymaster");
+      auto op = sluice::redis::connect_sentinel(co_await asio::this_coro::executor,
+                                                sluice_test::sentinels_of(ports), "mymaster");
+      auto conn = co_await std::move(op);  // named: g++ 12 and co_await operands
       sluice::redis::semaphore warm{conn, "places-api", 5, 1000ms};
       co_await warm.acquire();
       warm.release();
@@ -268,7 +298,7 @@ int sentinel_demo(const char* scale) {
       co_await conn->close();
     }());
   }
-  const fleet_result r = run_fleet(provider->port(), scale, "sentinel", &*d);
+  const fleet_result r = run_fleet(provider->port(), scale, "sentinel", 0, {}, &*d);
   const provider_view v = read_provider(provider->port());
   long long first_after = 0;
   for (long long t : v.starts)
@@ -295,9 +325,10 @@ int main(int argc, char** argv) {
     if (it == sluice_test::child_roles().end()) return 2;
     return it->second(std::vector<std::string>(argv + 3, argv + argc));
   }
-  bool fast = false, sentinel = false;
+  bool fast = false, cluster_mode = false, sentinel = false;
   for (int i = 1; i < argc; ++i) {
     fast = fast || std::strcmp(argv[i], "--virtual") == 0;
+    cluster_mode = cluster_mode || std::strcmp(argv[i], "--cluster") == 0;
     sentinel = sentinel || std::strcmp(argv[i], "--sentinel") == 0;
   }
   const char* scale = fast ? "0.01" : "0.05";
@@ -307,10 +338,24 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: could not start redis-server (Debian: apt-get install redis-server)\n");
     return sluice_test::skip_exit_code;
   }
+  auto cluster = cluster_mode ? sluice_test::redis_cluster::start(3)
+                              : std::optional<sluice_test::redis_cluster>();
+  if (cluster_mode) {
+    if (!cluster) {
+      std::printf("SKIPPED: could not start a Redis Cluster (redis-server, redis-cli)\n");
+      return sluice_test::skip_exit_code;
+    }
+  }
+  const int cluster_port = cluster ? cluster->ports()[0] : 0;
   std::printf(
       "A fleet of 4 amenity-discovery clients (separate processes), 14 calls each,\n"
-      "latencies 1-5 s scaled by %s; a private redis-server on 127.0.0.1:%d.\n\n",
+      "latencies 1-5 s scaled by %s; a private redis-server on 127.0.0.1:%d.\n",
       scale, server->port());
+  if (cluster) {
+    std::printf("The fleet-wide limits on a private 3-node Redis Cluster on 127.0.0.1:%d,%d,%d.\n",
+                cluster->ports()[0], cluster->ports()[1], cluster->ports()[2]);
+  }
+  std::printf("\n");
 
   {
     // A fresh server grants nothing for one renewal interval + a margin after
@@ -319,10 +364,12 @@ int main(int argc, char** argv) {
     asio::io_context ctx;
     sluice_test::run_for(ctx, [&]() -> asio::awaitable<void> {
       auto conn = co_await sluice_test::connect_to(server->port());
-      sluice::redis::semaphore warm{conn, "places-api", 5, 1000ms};
+      auto limits = co_await limits_connection(conn, cluster_port);
+      sluice::redis::semaphore warm{limits, "places-api", 5, 1000ms};
       co_await warm.acquire();
       warm.release();
       co_await warm.close();
+      if (limits != conn) co_await limits->close();
       co_await conn->close();
     }());
   }
@@ -331,11 +378,31 @@ int main(int argc, char** argv) {
       "each process with its own sluice::semaphore{5}:\n"
       "  max in flight at the provider: %lld (the provider allows 5), %.2f s\n\n",
       local.max_in_flight, local.seconds);
-  const fleet_result shared = run_fleet(server->port(), scale, "redis");
+  // Cluster mode: a resharding mid-run moves the slot of {places-api} (the
+  // semaphore's keys) to another node, as `redis-cli --cluster reshard` would.
+  std::string moved;
+  auto reshard = [&]() -> asio::awaitable<void> {
+    co_await sluice_test::sleep_ms(fast ? 100 : 500);
+    const auto& ports = cluster->ports();
+    const int slot = sluice::redis::key_slot("places-api");
+    const int from = co_await sluice_test::owner_port(ports[0], slot);
+    const int to = sluice_test::other_port(ports, from);
+    auto m = co_await sluice_test::migration::begin(slot, from, to, ports);
+    co_await sluice_test::sleep_ms(50);
+    co_await m.move_keys();
+    co_await sluice_test::sleep_ms(50);
+    co_await m.finish();
+    moved = "slot " + std::to_string(slot) + " of {places-api} moved from :" +
+            std::to_string(from) + " to :" + std::to_string(to) + " mid-run";
+  };
+  const fleet_result shared =
+      cluster ? run_fleet(server->port(), scale, "redis", cluster_port, reshard)
+              : run_fleet(server->port(), scale, "redis");
   std::printf(
-      "one sluice::redis::semaphore{5} + rate_limiter{200/s} shared by the fleet:\n"
-      "  max in flight at the provider: %lld, %.2f s\n",
-      shared.max_in_flight, shared.seconds);
+      "one sluice::redis::semaphore{5} + rate_limiter{200/s} shared by the fleet%s:\n"
+      "  max in flight at the provider: %lld, %.2f s%s%s\n",
+      cluster ? ", on the Redis Cluster" : "", shared.max_in_flight, shared.seconds,
+      moved.empty() ? "" : "\n  resharding: ", moved.c_str());
   const provider_view view = read_provider(server->port());
   const auto& tokens = view.tokens;
   const long long rejected = view.rejected;

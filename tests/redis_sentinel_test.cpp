@@ -89,8 +89,8 @@ const sluice_test::register_child sentinel_worker{
           [&]() -> asio::awaitable<void> {
             auto ex = co_await asio::this_coro::executor;
             const sluice::redis::options o = one_second_timeouts();
-            auto conn = co_await sluice::redis::connect_sentinel(ex, sentinels_of(a.at(0)),
-                                                                  "mymaster", o);
+            auto op = sluice::redis::connect_sentinel(ex, sentinels_of(a.at(0)), "mymaster", o);
+            auto conn = co_await std::move(op);  // named: g++ 12 and co_await operands
             sluice::redis::semaphore sem{conn, "sentinel-cap", 4, 1000ms};
             int running = 0;
             auto worker = [&](int w) -> asio::awaitable<void> {

@@ -9,6 +9,9 @@
 // create --cluster-yes`, waited for until every node says cluster_state:ok.
 // Killed (SIGKILL) and its directory removed when destroyed.
 
+#include <sluice/redis/connection.hpp>
+
+#include <support/redis_run.hpp>
 #include <support/redis_server.hpp>
 
 #include <arpa/inet.h>
@@ -20,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -147,6 +151,80 @@ inline redis_cluster cluster_or_skip(int nodes = 3) {
   }
   return std::move(*c);
 }
+
+
+// The port of the node serving `slot`, as the node at `port` sees it; -1 if none.
+inline asio::awaitable<int> owner_port(int port, int slot) {
+  auto c = co_await connect_to(port);
+  sluice::redis::reply r = co_await c->execute("CLUSTER", "SLOTS");
+  co_await c->close();
+  for (const auto& e : r.elements)
+    if (e.elements.at(0).integer <= slot && slot <= e.elements.at(1).integer)
+      co_return static_cast<int>(e.elements.at(2).elements.at(1).integer);
+  co_return -1;
+}
+
+// A port of `ports` other than `not_this`.
+inline int other_port(const std::vector<int>& ports, int not_this) {
+  for (int p : ports)
+    if (p != not_this) return p;
+  return -1;
+}
+
+// Moves one slot between two nodes as an operator (or redis-cli --cluster
+// reshard) does, in three steps a test can interleave with its clients:
+// begin (SETSLOT IMPORTING on the target, MIGRATING on the source: ASK and
+// TRYAGAIN from now on), move_keys (MIGRATE ... KEYS, `batch` keys a call),
+// finish (SETSLOT NODE on the target, the source, then the others: MOVED).
+struct migration {
+  std::shared_ptr<sluice::redis::connection> src, dst;
+  std::string src_id, dst_id;
+  std::vector<int> ports;
+  int slot = 0;
+  int to = 0;
+
+  static asio::awaitable<migration> begin(int slot, int from, int to, std::vector<int> ports) {
+    migration m;
+    m.slot = slot;
+    m.to = to;
+    m.ports = std::move(ports);
+    m.src = co_await connect_to(from);
+    m.dst = co_await connect_to(to);
+    m.src_id = (co_await m.src->execute("CLUSTER", "MYID")).str;
+    m.dst_id = (co_await m.dst->execute("CLUSTER", "MYID")).str;
+    const std::string s = std::to_string(slot);
+    co_await m.dst->execute("CLUSTER", "SETSLOT", s, "IMPORTING", m.src_id);
+    co_await m.src->execute("CLUSTER", "SETSLOT", s, "MIGRATING", m.dst_id);
+    co_return m;
+  }
+
+  asio::awaitable<void> move_keys(int batch = 1000) const {
+    for (;;) {
+      sluice::redis::reply keys = co_await src->execute(
+          "CLUSTER", "GETKEYSINSLOT", std::to_string(slot), std::to_string(batch));
+      if (keys.elements.empty()) co_return;
+      std::vector<std::string> cmd{"MIGRATE", "127.0.0.1", std::to_string(to), "", "0", "5000",
+                                   "KEYS"};
+      for (const auto& k : keys.elements) cmd.push_back(k.str);
+      co_await src->execute(std::move(cmd));
+    }
+  }
+
+  asio::awaitable<void> finish() const {
+    const std::string s = std::to_string(slot);
+    co_await dst->execute("CLUSTER", "SETSLOT", s, "NODE", dst_id);
+    co_await src->execute("CLUSTER", "SETSLOT", s, "NODE", dst_id);
+    for (int p : ports) {
+      auto c = co_await connect_to(p);
+      const std::string id = (co_await c->execute("CLUSTER", "MYID")).str;
+      if (id != src_id && id != dst_id)
+        co_await c->execute("CLUSTER", "SETSLOT", s, "NODE", dst_id);
+      co_await c->close();
+    }
+    co_await src->close();
+    co_await dst->close();
+  }
+};
 
 }  // namespace sluice_test
 
