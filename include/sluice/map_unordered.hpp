@@ -218,7 +218,7 @@ class map_core final
           c->progress_.ended(true);
           input.reset();
           if constexpr (Settle) {
-            c->deliver(std::current_exception());
+            c->deliver(self, std::current_exception());
           } else {
             c->give_back_slot(false);
             c->fail(std::current_exception(), self, true);
@@ -233,11 +233,11 @@ class map_core final
             c->give_back_slot();
             continue;
           }
-          c->deliver(std::move(**value));
+          c->deliver(self, std::move(**value));
         } else if constexpr (Settle && std::is_void_v<result_type>) {
-          c->deliver();
+          c->deliver(self);
         } else {
-          c->deliver(std::move(*value));
+          c->deliver(self, std::move(*value));
         }
       }
     } catch (...) {
