@@ -107,17 +107,18 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   }
 
   static asio::awaitable<std::optional<T>, Executor> next(next_ref c) {
-    if (c->consumer_)
-      throw std::logic_error(
-          "sluice::stream::next: another next() is still waiting; a stream has one consumer");
     // A result already waiting is handed out at once, whatever the caller's
-    // cancellation state (a stream not started yet has none).
+    // cancellation state (a stream not started yet has none). While another
+    // next() waits, nothing is buffered (a result wakes it at once).
     if (std::optional<T> out; c->try_take(out)) co_return out;
     co_return co_await wait_next(c->shared_from_this());
   }
 
   // next() when no result waits: starts the stream, waits, ends or reports.
   static asio::awaitable<std::optional<T>, Executor> wait_next(std::shared_ptr<stream_core> c) {
+    if (c->consumer_)
+      throw std::logic_error(
+          "sluice::stream::next: another next() is still waiting; a stream has one consumer");
     // A caller whose cancellation was requested before this call (only
     // possible with throw_if_cancelled(false): Asio throws at the co_await
     // otherwise) starts nothing, and is otherwise treated as one cancelled
@@ -229,7 +230,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
 
   // True if this worker may take a slot and pull now; otherwise it parks.
   [[nodiscard]] bool may_pull() const noexcept { return used_ < limit_ && !pulling_; }
-  [[nodiscard]] bool ending() const noexcept { return stopping_ || exhausted_; }
+  [[nodiscard]] bool ending() const noexcept { return ending_; }
 
   // Waits until kick() or a stop wakes this worker. No cancellation handler:
   // every stop wakes all parked workers itself.
@@ -250,6 +251,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   void end_pull() { pulling_ = false; }
   void input_exhausted() {
     exhausted_ = true;
+    ending_ = true;
     kick();
   }
   void task_started() { ++running_; }
@@ -271,6 +273,13 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
         hand_to_sink(self, value);
       }
       return;
+    }
+    if constexpr (result_ring<T>::can_check_room) {
+      if (!stopping_ && buffer_.has_room()) {
+        buffer_.emplace_back_in_room(std::forward<A>(a)...);
+        notify_consumer();
+        return;
+      }
     }
     buffer_result(std::forward<A>(a)...);
   }
@@ -399,9 +408,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   // are free (their kicks deferred to this loop, as in resume_consumer()).
   void release_taken() {
     used_ -= std::exchange(taken_, 0);
-    deferring_kicks_ = true;
+    const bool outer = std::exchange(deferring_kicks_, true);
     kick();
-    deferring_kicks_ = false;
+    deferring_kicks_ = outer;
     if (std::exchange(kick_deferred_, false)) resume_parked();
   }
 
@@ -436,6 +445,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
 
   void stop(std::size_t except = child_set::none) {
     stopping_ = true;
+    ending_ = true;
     sink_ = nullptr;
     children_->cancel_all(except);
     wake_all();
@@ -511,23 +521,25 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     });
   }
 
-  // Runs `h` here with the kicks deferred; true if one was.
+  // Runs `h` here with the kicks deferred; true if one was. Nests: a run
+  // inside another (a worker resumed by release_taken() inside
+  // resume_parked()) leaves the outer run deferring.
   template <class Handler, class... A>
   bool run_deferring_kicks(Handler& h, A... a) {
-    deferring_kicks_ = true;
+    const bool outer = std::exchange(deferring_kicks_, true);
     try {
       h.complete_here(a...);
     } catch (...) {
       // A handler that throws out of the loop: the deferred wake goes by a
       // post of its own, so the stream does not stall if the loop runs on.
-      deferring_kicks_ = false;
-      if (std::exchange(kick_deferred_, false)) {
+      deferring_kicks_ = outer;
+      if (!outer && std::exchange(kick_deferred_, false)) {
         --waking_;
         kick();
       }
       throw;
     }
-    deferring_kicks_ = false;
+    deferring_kicks_ = outer;
     return std::exchange(kick_deferred_, false);
   }
 
@@ -570,6 +582,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   bool pulling_ = false;
   bool exhausted_ = false;
   bool stopping_ = false;
+  bool ending_ = false;  // exhausted_ || stopping_: no input will be pulled any more
   bool consumer_cancelled_ = false;
   bool consumer_on_ex_ = true;    // the waiting consumer runs on ex_
   bool deferring_kicks_ = false;  // inside resume_consumer()'s post
