@@ -100,7 +100,9 @@ class sink_scope {
   }
   sink_scope(const sink_scope&) = delete;
   sink_scope& operator=(const sink_scope&) = delete;
-  ~sink_scope() { stream_access::set_sink(*s_, static_cast<stream_access::sink<T, Executor>*>(nullptr)); }
+  ~sink_scope() {
+    stream_access::set_sink(*s_, static_cast<stream_access::sink<T, Executor>*>(nullptr));
+  }
 
  private:
   stream<T, Executor>* s_;
@@ -187,7 +189,13 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
 /// before the next result is read; the stream's tasks keep running meanwhile,
 /// bounded by its limit). Results that already wait are taken straight from
 /// the stream, without suspending and without a `next()` call each, in the
-/// order `next()` would hand them out; each frees its slot when taken.
+/// order `next()` would hand them out; each frees its slot when taken. While
+/// `for_each` waits, a body that returns `void` or `bool` is called by the
+/// stream's worker whose task has just finished, still on this executor, one
+/// result at a time and in completion order, and without resuming this
+/// coroutine per result; the slots of those results go back (and the workers
+/// waiting for one resume) in one post per wave, so results that finish
+/// together all reach the body before any of their slots pulls a new input.
 ///
 /// On every way out — the end of the stream, `false`, an exception from the
 /// body, a failure of the stream, cancellation of the caller — `for_each`

@@ -8,8 +8,8 @@
 
 #include <memory>
 #include <new>
-#include <type_traits>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace sluice::detail {

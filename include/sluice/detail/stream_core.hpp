@@ -568,9 +568,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   std::deque<erased_handler<>> parked_;
   loop_held_handler<error_code> consumer_;  // let go if its loop dies first
   std::exception_ptr error_;
-  sink* wanted_sink_ = nullptr;    // for_each's body, set around its next()
-  sink* sink_ = nullptr;           // the same while that next() waits (see async_wait)
-  std::size_t taken_ = 0;          // slots of results the sink took, not yet given back
+  sink* wanted_sink_ = nullptr;        // for_each's body, set around its next()
+  sink* sink_ = nullptr;               // the same while that next() waits (see async_wait)
+  std::size_t taken_ = 0;              // slots of results the sink took, not yet given back
   std::shared_ptr<stream_core> self_;  // see next_ref
   std::size_t next_refs_ = 0;
   std::size_t used_ = 0;
