@@ -12,16 +12,23 @@
 //   fleet              latencies scaled by 1/20 (50-250 ms per call)
 //   fleet --virtual    scaled by 1/100: a fast real run for the test suite
 //                      (it still starts redis-server and 8 processes)
+//   fleet --cluster    the shared limits on a 3-node Redis Cluster this program
+//                      starts (redis-cli --cluster create), reached with
+//                      sluice::redis::connect_cluster; mid-run the slot of
+//                      {places-api} moves to another node (a resharding). The
+//                      provider's counters stay on the plain redis-server.
 //
 // Needs redis-server on PATH (Debian: redis-server); without it, it says so
 // and exits with 77 (reported as skipped by the test suite).
 
 #include <sluice/gather.hpp>
+#include <sluice/redis/cluster.hpp>
 #include <sluice/redis/rate_limiter.hpp>
 #include <sluice/redis/semaphore.hpp>
 #include <sluice/semaphore.hpp>
 
 #include <support/asio.hpp>
+#include <support/redis_cluster.hpp>
 #include <support/redis_run.hpp>
 #include <support/redis_server.hpp>
 
@@ -30,6 +37,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,16 +83,28 @@ const char* fenced_write_lua =
     "if tonumber(ARGV[1]) < last then redis.call('INCR', KEYS[3]) return 0 end "
     "redis.call('SET', KEYS[1], ARGV[1]) redis.call('RPUSH', KEYS[2], ARGV[1]) return 1";
 
+// The connection the fleet-wide limits use: the plain server's, or (cluster
+// mode, `cluster_port` > 0) a cluster connection; the one line that changes.
+asio::awaitable<std::shared_ptr<sluice::redis::connection>> limits_connection(
+    std::shared_ptr<sluice::redis::connection> plain, int cluster_port) {
+  if (cluster_port <= 0) co_return plain;
+  const std::vector<std::pair<std::string, std::uint16_t>> seeds{
+      {"127.0.0.1", static_cast<std::uint16_t>(cluster_port)}};
+  auto op = sluice::redis::connect_cluster(co_await asio::this_coro::executor, seeds);
+  co_return co_await std::move(op);
+}
+
 // One client process: 14 calls gathered at once, each behind the cap.
-int run_client(int port, int replica, double scale, const std::string& mode) {
+int run_client(int port, int replica, double scale, const std::string& mode, int cluster_port) {
   asio::io_context ctx;
   sluice_test::run_for(
       ctx,
       [&]() -> asio::awaitable<void> {
         auto conn = co_await sluice_test::connect_to(port);
+        auto limits = co_await limits_connection(conn, cluster_port);
         sluice::semaphore local_cap{5};
-        sluice::redis::semaphore fleet_cap{conn, "places-api", 5, 1000ms};
-        sluice::redis::rate_limiter fleet_rate{conn, "places-api:rate", 200, 1s};
+        sluice::redis::semaphore fleet_cap{limits, "places-api", 5, 1000ms};
+        sluice::redis::rate_limiter fleet_rate{limits, "places-api:rate", 200, 1s};
         const std::string inflight = "provider:" + mode + ":inflight";
         const std::string peak = "provider:" + mode + ":max";
         // The places API answering; `token` is the caller's fencing token (0
@@ -124,6 +145,7 @@ int run_client(int port, int replica, double scale, const std::string& mode) {
         for (const auto& q : queries) calls.push_back(call(q + "#" + std::to_string(replica)));
         co_await sluice::gather(std::move(calls));
         co_await fleet_cap.close();
+        if (limits != conn) co_await limits->close();
         co_await conn->close();
       }(),
       120s);
@@ -136,12 +158,19 @@ struct fleet_result {
   bool ok = true;
 };
 
-fleet_result run_fleet(int port, const char* scale, const std::string& mode) {
+// `during`: run (in this process) while the clients run.
+fleet_result run_fleet(int port, const char* scale, const std::string& mode, int cluster_port = 0,
+                       const std::function<asio::awaitable<void>()>& during = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
   for (int r = 0; r < 4; ++r) {
-    pids.push_back(
-        sluice_test::spawn_child("client", {std::to_string(port), std::to_string(r), scale, mode}));
+    pids.push_back(sluice_test::spawn_child(
+        "client", {std::to_string(port), std::to_string(r), scale, mode,
+                   std::to_string(cluster_port)}));
+  }
+  if (during) {
+    asio::io_context ctx;
+    sluice_test::run_for(ctx, during(), 60s);
   }
   fleet_result out;
   for (pid_t pid : pids) out.ok = sluice_test::wait_process(pid) == 0 && out.ok;
@@ -158,7 +187,8 @@ fleet_result run_fleet(int port, const char* scale, const std::string& mode) {
 
 const sluice_test::register_child client_role{
     "client", [](const std::vector<std::string>& a) {
-      return run_client(std::stoi(a.at(0)), std::stoi(a.at(1)), std::stod(a.at(2)), a.at(3));
+      return run_client(std::stoi(a.at(0)), std::stoi(a.at(1)), std::stod(a.at(2)), a.at(3),
+                        std::stoi(a.at(4)));
     }};
 
 }  // namespace
@@ -169,17 +199,35 @@ int main(int argc, char** argv) {
     if (it == sluice_test::child_roles().end()) return 2;
     return it->second(std::vector<std::string>(argv + 3, argv + argc));
   }
-  const bool fast = argc > 1 && std::strcmp(argv[1], "--virtual") == 0;
+  bool fast = false, cluster_mode = false;
+  for (int i = 1; i < argc; ++i) {
+    fast = fast || std::strcmp(argv[i], "--virtual") == 0;
+    cluster_mode = cluster_mode || std::strcmp(argv[i], "--cluster") == 0;
+  }
   const char* scale = fast ? "0.01" : "0.05";
   auto server = sluice_test::redis_server::start();
   if (!server) {
     std::printf("SKIPPED: could not start redis-server (Debian: apt-get install redis-server)\n");
     return sluice_test::skip_exit_code;
   }
+  auto cluster = cluster_mode ? sluice_test::redis_cluster::start(3)
+                              : std::optional<sluice_test::redis_cluster>();
+  if (cluster_mode) {
+    if (!cluster) {
+      std::printf("SKIPPED: could not start a Redis Cluster (redis-server, redis-cli)\n");
+      return sluice_test::skip_exit_code;
+    }
+  }
+  const int cluster_port = cluster ? cluster->ports()[0] : 0;
   std::printf(
       "A fleet of 4 amenity-discovery clients (separate processes), 14 calls each,\n"
-      "latencies 1-5 s scaled by %s; a private redis-server on 127.0.0.1:%d.\n\n",
+      "latencies 1-5 s scaled by %s; a private redis-server on 127.0.0.1:%d.\n",
       scale, server->port());
+  if (cluster) {
+    std::printf("The fleet-wide limits on a private 3-node Redis Cluster on 127.0.0.1:%d,%d,%d.\n",
+                cluster->ports()[0], cluster->ports()[1], cluster->ports()[2]);
+  }
+  std::printf("\n");
 
   {
     // A fresh server grants nothing for one renewal interval + a margin after
@@ -188,10 +236,12 @@ int main(int argc, char** argv) {
     asio::io_context ctx;
     sluice_test::run_for(ctx, [&]() -> asio::awaitable<void> {
       auto conn = co_await sluice_test::connect_to(server->port());
-      sluice::redis::semaphore warm{conn, "places-api", 5, 1000ms};
+      auto limits = co_await limits_connection(conn, cluster_port);
+      sluice::redis::semaphore warm{limits, "places-api", 5, 1000ms};
       co_await warm.acquire();
       warm.release();
       co_await warm.close();
+      if (limits != conn) co_await limits->close();
       co_await conn->close();
     }());
   }
@@ -200,11 +250,31 @@ int main(int argc, char** argv) {
       "each process with its own sluice::semaphore{5}:\n"
       "  max in flight at the provider: %lld (the provider allows 5), %.2f s\n\n",
       local.max_in_flight, local.seconds);
-  const fleet_result shared = run_fleet(server->port(), scale, "redis");
+  // Cluster mode: a resharding mid-run moves the slot of {places-api} (the
+  // semaphore's keys) to another node, as `redis-cli --cluster reshard` would.
+  std::string moved;
+  auto reshard = [&]() -> asio::awaitable<void> {
+    co_await sluice_test::sleep_ms(fast ? 100 : 500);
+    const auto& ports = cluster->ports();
+    const int slot = sluice::redis::key_slot("places-api");
+    const int from = co_await sluice_test::owner_port(ports[0], slot);
+    const int to = sluice_test::other_port(ports, from);
+    auto m = co_await sluice_test::migration::begin(slot, from, to, ports);
+    co_await sluice_test::sleep_ms(50);
+    co_await m.move_keys();
+    co_await sluice_test::sleep_ms(50);
+    co_await m.finish();
+    moved = "slot " + std::to_string(slot) + " of {places-api} moved from :" +
+            std::to_string(from) + " to :" + std::to_string(to) + " mid-run";
+  };
+  const fleet_result shared =
+      cluster ? run_fleet(server->port(), scale, "redis", cluster_port, reshard)
+              : run_fleet(server->port(), scale, "redis");
   std::printf(
-      "one sluice::redis::semaphore{5} + rate_limiter{200/s} shared by the fleet:\n"
-      "  max in flight at the provider: %lld, %.2f s\n",
-      shared.max_in_flight, shared.seconds);
+      "one sluice::redis::semaphore{5} + rate_limiter{200/s} shared by the fleet%s:\n"
+      "  max in flight at the provider: %lld, %.2f s%s%s\n",
+      cluster ? ", on the Redis Cluster" : "", shared.max_in_flight, shared.seconds,
+      moved.empty() ? "" : "\n  resharding: ", moved.c_str());
   auto [tokens, rejected] = [&] {
     asio::io_context ctx;
     return sluice_test::run_for(
