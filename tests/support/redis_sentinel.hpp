@@ -51,13 +51,16 @@ class redis_sentinels {
       return std::nullopt;
     }
     d.dir_ = tmpl;
-    if (auto p = redis_server::start()) d.primary_.emplace(std::move(*p));
+    // --dir: the replica writes the RDB of its full sync there, not into the
+    // caller's working directory.
+    if (auto p = redis_server::start({}, {"--dir", d.dir_})) d.primary_.emplace(std::move(*p));
     if (!d.primary_) {
       why = "could not start redis-server";
       return std::nullopt;
     }
     if (auto r = redis_server::start(
-            {}, {"--replicaof", "127.0.0.1", std::to_string(d.primary_->port())}))
+            {}, {"--replicaof", "127.0.0.1", std::to_string(d.primary_->port()), "--dir",
+                 d.dir_}))
       d.replica_.emplace(std::move(*r));
     if (!d.replica_ || !d.wait_for(d.replica_->port(), "INFO", "replication",
                                    "master_link_status:up")) {
