@@ -30,7 +30,7 @@
 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 GENERATOR = $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
-PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen redis-server libhiredis-dev pkg-config python3-matplotlib wrk curl
+PACKAGES  = cmake make g++ clang libasio-dev catch2 libbenchmark-dev python3 ninja-build libboost1.81-dev doxygen redis-server libhiredis-dev libssl-dev openssl redis-sentinel pkg-config python3-matplotlib wrk curl
 # The peers of `make bench-peers` only (not CI's): Go + x/sync, Rust + tokio + futures, Trio.
 PEER_PACKAGES = golang-go golang-golang-x-sync-dev cargo librust-tokio-dev librust-futures-dev python3-trio
 PYTHON   ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
@@ -38,7 +38,7 @@ SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O0 -g1 -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
-TSAN_TESTS = to_thread shared_semaphore affinity strand_bound task_group lock semaphore event condition queue gather map_unordered stats
+TSAN_TESTS = to_thread shared_semaphore affinity strand_bound strand_bound_review task_group lock semaphore event condition queue gather map_unordered stats
 
 .PHONY: bench-peers deps demo fleet-demo test test-gcc test-clang test-boost asan tsan bench bench-docs bench-boost adaptive-docs docs fuzz fuzz-ci fuzz-build clean
 

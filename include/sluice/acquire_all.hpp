@@ -17,6 +17,7 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <system_error>
 #include <tuple>
 #include <type_traits>
@@ -195,12 +196,50 @@ concept all_budget_source = requires(B&& b) {
   make_budget(std::forward<B>(b));
 };
 
+// True when two budgets draw on one count: the same semaphore, adaptive_limit
+// or limiter, or the same key of one keyed_semaphore (keys that only share a
+// hash are two budgets).
+template <class A, class B>
+bool same_budget(const A&, const B&) noexcept {
+  return false;
+}
+template <class A>
+bool same_budget(const A& a, const A& b) noexcept {
+  return a.id() == b.id();
+}
+template <class Key, class Hash, class KeyEqual>
+bool same_budget(const keyed_semaphore_budget<Key, Hash, KeyEqual>& a,
+                 const keyed_semaphore_budget<Key, Hash, KeyEqual>& b) {
+  return a.b.semaphore == b.b.semaphore && KeyEqual{}(a.b.key, b.b.key);
+}
+
+// A budget named twice is refused before anything is taken: both halves of a
+// limiter would be peeked free and taken together past its quota, and a
+// semaphore named twice could be granted to one half and refused to the
+// other at every turn, without ever suspending.
+template <class Budgets, std::size_t... I>
+void check_distinct(const Budgets& bs, std::index_sequence<I...>) {
+  bool twice = false;
+  const auto row = [&](auto index) {
+    constexpr std::size_t a = decltype(index)::value;
+    ((twice = twice || (a < I && same_budget(std::get<a>(bs), std::get<I>(bs)))), ...);
+  };
+  (row(std::integral_constant<std::size_t, I>{}), ...);
+  if (twice) {
+    throw std::invalid_argument(
+        "sluice::acquire_all: a budget is named twice (the same semaphore, adaptive_limit, "
+        "limiter or key); name each once, and for a limiter ask for the sum: weighted(a + b)");
+  }
+}
+
 // ---- FIFO among acquire_all callers -----------------------------------------
 
 // One pending acquire_all: the budgets it names; `left` is set when it ends.
+// Calls behind it wait on `left`, and their frames own this entry: a cycle
+// that `left` being set breaks, or (the loop's end) `left` being destroyed.
 struct all_waiter {
   std::vector<budget_id> ids;
-  event left;
+  std::optional<event> left{std::in_place};
   bool listed = false;
   std::list<std::shared_ptr<all_waiter>>::iterator at;
 
@@ -247,14 +286,20 @@ class acquire_all_service final : public asio::execution_context::service {
     if (!w.listed || down_) return;
     w.listed = false;
     pending_.erase(w.at);
-    w.left.set();
+    w.left->set();
   }
 
  private:
   void shutdown() override {
     down_ = true;  // frames destroyed from here on must not post wake-ups
-    for (auto& w : pending_) w->listed = false;
+    // A call waiting for an older one to leave is owned by that one's event,
+    // which its own frame keeps alive: destroying the event aborts its wait
+    // through a post the dying loop drops (or a shut strand destroys at
+    // once), and that frees the frame. Kept alive here until all are done.
+    const std::list<std::shared_ptr<all_waiter>> pending = std::move(pending_);
     pending_.clear();
+    for (const auto& w : pending) w->listed = false;
+    for (const auto& w : pending) w->left.reset();
   }
 
   std::list<std::shared_ptr<all_waiter>> pending_;
@@ -410,7 +455,7 @@ asio::awaitable<all_held<B...>> acquire_all_op(std::tuple<B...> bs, std::index_s
       &wait_then_take<I, budgets_type, decltype(parts)>...};
   for (;;) {
     if (auto older = svc.older_conflict(*guard.w)) {
-      co_await older->left.wait();  // FIFO: the older call goes first
+      co_await older->left->wait();  // FIFO: the older call goes first
       continue;
     }
     const std::size_t failed = take_all_now(bs, parts, ex, all_taken, seq);
@@ -457,7 +502,9 @@ asio::awaitable<all_held<B...>> acquire_all_op(std::tuple<B...> bs, std::index_s
 ///   `system_error(operation_aborted)`.
 /// - Resumes on the caller's executor. Loop-affine, as the budgets.
 /// - Throws `std::invalid_argument` at the call for a weight a limiter could
-///   never grant (from `weighted(n)`).
+///   never grant (from `weighted(n)`), and for a budget named twice (the same
+///   semaphore, `adaptive_limit`, limiter, or key of a `keyed_semaphore`):
+///   name each once; for a limiter, ask for the sum (`tpm.weighted(a + b)`).
 ///
 /// @code
 /// sluice::semaphore in_flight{8};
@@ -469,6 +516,7 @@ template <class... Budgets>
 requires(sizeof...(Budgets) > 0 && (detail::all_budget_source<Budgets> && ...))
     [[nodiscard]] auto acquire_all(Budgets&&... budgets) {
   auto bs = std::make_tuple(detail::make_budget(std::forward<Budgets>(budgets))...);
+  detail::check_distinct(bs, std::index_sequence_for<Budgets...>{});
   return detail::acquire_all_op(std::move(bs), std::index_sequence_for<Budgets...>{});
 }
 

@@ -480,20 +480,27 @@ class adaptive_limit {
 
   // Clamps the estimate and moves the integer limit to it: new places go to
   // the waiters; removed ones are taken from the pool or absorbed later.
+  // In one step (a limit of 2^62 is set as fast as one of 8), and counting no
+  // grant for the places that leave the pool.
   void apply() {
     estimate_ = std::clamp(estimate_, static_cast<double>(min_), static_cast<double>(max_));
-    const auto target = std::clamp(static_cast<std::size_t>(std::floor(estimate_)), min_, max_);
-    while (limit_ < target) {
-      ++limit_;
-      if (debt_ > 0) {
-        --debt_;
-      } else {
-        core_.release("");
-      }
-    }
-    while (limit_ > target) {
-      --limit_;
-      if (!core_.try_acquire()) ++debt_;
+    // Compared as doubles first: a max near 2^64 rounds up to 2^64, which
+    // does not convert back to std::size_t.
+    const std::size_t target =
+        std::floor(estimate_) >= static_cast<double>(max_)
+            ? max_
+            : std::clamp(static_cast<std::size_t>(std::floor(estimate_)), min_, max_);
+    if (limit_ < target) {
+      std::size_t up = target - limit_;
+      limit_ = target;
+      const std::size_t absorbed = std::min(up, debt_);  // in flight above the old limit
+      debt_ -= absorbed;
+      up -= absorbed;
+      core_.deposit(up);
+    } else if (limit_ > target) {
+      const std::size_t down = limit_ - target;
+      limit_ = target;
+      debt_ += down - core_.withdraw(down);
     }
   }
 

@@ -367,8 +367,11 @@ asio::awaitable<T, Executor> retry_loop(backoff p, F fn) {
       std::rethrow_exception(error);
     if (p.budget && !retry_budget_access::try_retry(*p.budget, t)) std::rethrow_exception(error);
     error = nullptr;  // not kept alive across the wait
+    // Saturated, as sleep() does: a hint (or a backoff max) of
+    // clock::duration::max() waits until cancelled, it does not wrap.
+    const clock::time_point deadline = add_saturating(t, wait);
     try {
-      co_await wait_until(ex, vclock, t + wait);
+      co_await wait_until(ex, vclock, deadline);
     } catch (...) {
       if (p.budget) retry_budget_access::give_back(*p.budget, t);  // the retry never ran
       throw;
@@ -395,7 +398,8 @@ asio::awaitable<T, Executor> retry_loop(backoff p, F fn) {
 ///   by the jitter, drawn from the seed (reproducible under
 ///   `sluice::testing::virtual_loop`), or exactly the `sluice::retry_after`
 ///   the error carries. Waits use the clock of the caller's executor (exact
-///   in virtual time).
+///   in virtual time); a wait past the clock's range (a hint of
+///   `clock::duration::max()`) lasts until the caller is cancelled.
 /// - The last exception is rethrown unchanged (the same object): after the
 ///   last attempt; when the next wait would end past `max_elapsed` after the
 ///   first attempt started; when `budget` refuses the retry; when the caller

@@ -178,7 +178,11 @@ class strand_permit {
 ///
 /// Lifetimes: the `strand_bound` must outlive every call and every permit; its
 /// destruction destroys `L` on the destroying thread (no call may be running).
-/// Arguments are copied into the call.
+/// Arguments are copied into the call. A caller's loop may die first (an
+/// `io_context` of its own, destroyed while its call waits on the limit's
+/// strand): the caller's frame is destroyed with that loop, the wait on the
+/// strand is cancelled, and a grant made for it meanwhile is passed on as for
+/// a cancelled caller; nothing is posted into the dead loop.
 ///
 /// @code
 /// asio::io_context ctx;                                     // run by 4 threads
@@ -463,8 +467,9 @@ class strand_bound {
     }
     const auto state = co_await asio::this_coro::cancellation_state;
     const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
-    // Named, not a temporary of the co_await expression (g++ 12).
-    auto hop = detail::hop<R>(strand_, std::move(make), std::move(fast));
+    // Named, not a temporary of the co_await expression (g++ 12). A copy of
+    // pass_on hands on a grant whose caller's loop died meanwhile.
+    auto hop = detail::hop<R>(strand_, std::move(make), pass_on, std::move(fast));
     if constexpr (std::is_void_v<R>) {
       co_await std::move(hop);
       if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {

@@ -73,6 +73,24 @@ class permit_core {
     ++value_;
   }
 
+  // For a limit that moves (adaptive_limit): takes up to n free permits out
+  // of the pool, no grant counted; returns how many. While anyone waits
+  // value_ is 0, so this never takes what a waiter is owed.
+  std::size_t withdraw(std::size_t n) noexcept {
+    const auto in = affinity_.enter(name_);
+    const std::size_t k = n < value_ ? n : value_;
+    value_ -= k;
+    return k;
+  }
+
+  // The opposite: n new permits (unbounded cores only), to the oldest waiters
+  // first (each a grant), the rest to the pool. O(waiters granted), not O(n).
+  void deposit(std::size_t n) {
+    const auto in = affinity_.enter(name_);
+    for (; n > 0 && !waiters_.empty(); --n) release("");
+    value_ += n;
+  }
+
   template <class Handler>
   void initiate(Handler&& handler, bool cancellable) {
     const auto hex = asio::get_associated_executor(handler, ex_);

@@ -3,6 +3,7 @@
 #define SLUICE_DETAIL_STRAND_HOP_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/loop_service.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -22,7 +23,9 @@ namespace sluice::detail {
 // Thread rules (each field is touched on one side only, or handed over by a
 // post, which orders the accesses):
 // - caller side: the handler, its cancellation slot (armed at initiation,
-//   cleared by the completion, which runs on the caller's executor);
+//   cleared by the completion, which runs on the caller's executor); the
+//   strand side only moves the handler into the completion's post, under the
+//   caller's loop lock (hop_return);
 // - strand side: `signal` (the strand coroutine's cancellation) and
 //   `finished`; a cancellation of the caller is forwarded by a post to the
 //   strand and emitted there only while the call has not finished;
@@ -52,34 +55,108 @@ struct hop_forward_cancel {
   }
 };
 
-// The caller's handler and a work guard on its executor (that loop keeps
-// running while the call is on the strand), carried to the strand and back.
-template <class Handler>
-struct hop_handler {
+// The caller's side of one call: its handler and a work guard on its
+// executor (that loop keeps running while the call is on the strand), shared
+// by the strand side until the completion is posted. A hook on the caller's
+// loop_service, as to_thread's thread_return: if the caller's loop is
+// destroyed first, on_end destroys the handler (the caller's frame) there,
+// while that context still lives, and forwards a terminal cancellation to the
+// strand; the strand side then finds the hook detached, posts nothing into
+// the dead loop, and hands on what the call was granted (see hop_finish). It
+// holds the loop's lock across its post, so the context cannot be destroyed
+// in the middle of it.
+template <class R, class Handler>
+struct hop_return final : loop_hook {
   using executor_type = asio::associated_executor_t<Handler, asio::any_io_executor>;
-  Handler handler;
-  asio::executor_work_guard<executor_type> work;
 
-  // Runs on the caller's executor.
-  void complete(std::exception_ptr e) {
-    auto slot = asio::get_associated_cancellation_slot(handler);
-    if (slot.is_connected()) slot.clear();
-    Handler h(std::move(handler));
-    work.reset();
-    std::move(h)(e);
+  hop_return(Handler&& h, executor_type ex, std::weak_ptr<hop_box<R>> b, asio::any_io_executor s)
+      : handler(std::move(h)), work(std::in_place, std::move(ex)), box(std::move(b)),
+        strand(std::move(s)) {
+    on_end = &orphan;
   }
+  hop_return(const hop_return&) = delete;
+  hop_return& operator=(const hop_return&) = delete;
+  ~hop_return() {
+    if (life) life->detach(*this);
+  }
+
+  // On the caller's executor, at the initiation.
+  void watch() {
+    life = loop_service::life_of_executor(work->get_executor());
+    if (life) life->attach(*this);  // false only for a context already shut down
+  }
+
+  // On the strand: posts the caller's completion to its executor. False when
+  // the caller's loop has ended: nothing was posted, the caller is gone.
+  bool resume(std::exception_ptr e) {
+    if (!life) {  // no loop behind the handler: nothing can die first
+      post(std::move(e));
+      return true;
+    }
+    const auto lock = life->lock();
+    if (!attached) return false;
+    life->detach(*this);
+    post(std::move(e));
+    return true;
+  }
+
+  // At the caller's loop's end (its destroying thread, under its lock).
+  static void orphan(loop_hook* hook) noexcept {
+    auto* self = static_cast<hop_return*>(hook);
+    if (self->handler) {
+      auto slot = asio::get_associated_cancellation_slot(*self->handler);
+      if (slot.is_connected()) slot.clear();
+    }
+    self->handler.reset();
+    self->work.reset();
+    try {  // the wait on the strand need not go on for nobody
+      asio::post(self->strand, [b = self->box.lock()] {
+        if (b && !b->finished) b->signal.emit(asio::cancellation_type::terminal);
+      });
+    } catch (...) {  // out of memory: the wait goes on; its grant is handed on
+    }
+  }
+
+ private:
+  // The handler and the guard travel in the post: if the caller's loop drops
+  // it unrun, they die with that loop (the frame with its context).
+  void post(std::exception_ptr e) {
+    auto ex = work->get_executor();
+    asio::post(ex, [h = std::move(*handler), w = std::move(*work), e]() mutable {
+      auto slot = asio::get_associated_cancellation_slot(h);
+      if (slot.is_connected()) slot.clear();
+      w.reset();
+      std::move(h)(e);
+    });
+    handler.reset();
+    work.reset();
+  }
+
+ public:
+  std::optional<Handler> handler;
+  std::optional<asio::executor_work_guard<executor_type>> work;
+  std::weak_ptr<hop_box<R>> box;
+  asio::any_io_executor strand;
+  std::shared_ptr<loop_life> life;  // of the caller's context
 };
 
 // The strand coroutine's completion handler (runs on the strand): marks the
 // call finished and posts the caller's completion to the caller's executor.
-template <class R, class Handler>
+// If the caller's loop is gone, a successful call's result goes to `lost`
+// instead (strand_bound's pass-on: a permit released, a start kept).
+template <class R, class Handler, class Lost>
 struct hop_finish {
   std::shared_ptr<hop_box<R>> box;
-  hop_handler<Handler> caller;
+  std::shared_ptr<hop_return<R, Handler>> caller;
+  Lost lost;
   void operator()(std::exception_ptr e) {
     box->finished = true;
-    auto ex = caller.work.get_executor();
-    asio::post(ex, [c = std::move(caller), e]() mutable { c.complete(e); });
+    if (caller->resume(e) || e) return;
+    if constexpr (std::is_void_v<R>) {
+      lost();
+    } else {
+      lost(std::move(*box->value));
+    }
   }
 };
 
@@ -105,21 +182,21 @@ struct hop_initiation {
   asio::any_io_executor strand;
   std::shared_ptr<hop_box<R>>* out;
 
-  template <class Handler, class Make, class Fast>
-  void operator()(Handler&& handler, Make make, Fast fast) const {
+  template <class Handler, class Make, class Fast, class Lost>
+  void operator()(Handler&& handler, Make make, Fast fast, Lost lost) const {
     using H = std::decay_t<Handler>;
     auto box = std::make_shared<hop_box<R>>();
     *out = box;
     auto work_ex = asio::get_associated_executor(handler, strand);
-    hop_handler<H> caller{
-        H(std::forward<Handler>(handler)),
-        asio::executor_work_guard<typename hop_handler<H>::executor_type>(std::move(work_ex))};
-    auto slot = asio::get_associated_cancellation_slot(caller.handler);
+    auto caller = std::make_shared<hop_return<R, H>>(H(std::forward<Handler>(handler)),
+                                                     std::move(work_ex), box, strand);
+    auto slot = asio::get_associated_cancellation_slot(*caller->handler);
     if (slot.is_connected()) slot.template emplace<hop_forward_cancel<R>>(box, strand);
+    caller->watch();
     // Posted after the slot is armed: a forwarded cancellation reaches the
     // strand after the start (a strand runs what one thread posts in order).
     asio::post(strand, [s = strand, box, caller = std::move(caller), make = std::move(make),
-                        fast = std::move(fast)]() mutable {
+                        fast = std::move(fast), lost = std::move(lost)]() mutable {
       // The fast path: done at once on the strand (no coroutine); an
       // exception of it goes to the caller, not out of the strand's run().
       std::exception_ptr error;
@@ -129,13 +206,15 @@ struct hop_initiation {
       } catch (...) {
         error = std::current_exception();
       }
+      using finish = hop_finish<R, H, Lost>;
       if (done || error) {
-        hop_finish<R, H>{box, std::move(caller)}(error);
+        finish{box, std::move(caller), std::move(lost)}(error);
         return;
       }
       auto cs = box->signal.slot();
       asio::co_spawn(s, hop_body<R>(box, std::move(make)),
-                     asio::bind_cancellation_slot(cs, hop_finish<R, H>{box, std::move(caller)}));
+                     asio::bind_cancellation_slot(
+                         cs, finish{box, std::move(caller), std::move(lost)}));
     });
   }
 };
@@ -144,15 +223,18 @@ struct hop_initiation {
 // result (or rethrows its exception) on the awaiting coroutine's executor.
 // The caller's cancellation is forwarded to it. First, on the strand, fast()
 // (void calls only): true means the call is done without waiting (a free
-// permit taken by try_acquire), and no coroutine is started. Precondition:
-// the caller is not on `strand` (strand_bound calls make() directly there).
-template <class R, class Make, class Fast = no_fast_path>
-asio::awaitable<R> hop(asio::any_io_executor strand, Make make, Fast fast = {}) {
+// permit taken by try_acquire), and no coroutine is started. If the caller's
+// loop is destroyed before the call ends, the caller's frame goes with it and
+// a successful call's result is handed to lost() on the strand (lost(R), or
+// lost() for void). Precondition: the caller is not on `strand`
+// (strand_bound calls make() directly there).
+template <class R, class Make, class Lost, class Fast = no_fast_path>
+asio::awaitable<R> hop(asio::any_io_executor strand, Make make, Lost lost, Fast fast = {}) {
   static_assert(std::is_void_v<R> || std::is_same_v<Fast, no_fast_path>);
   std::shared_ptr<hop_box<R>> box;
   hop_initiation<R> init{std::move(strand), &box};
   co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(std::exception_ptr)>(
-      std::move(init), asio::use_awaitable, std::move(make), std::move(fast));
+      std::move(init), asio::use_awaitable, std::move(make), std::move(fast), std::move(lost));
   if constexpr (!std::is_void_v<R>) co_return std::move(*box->value);
 }
 

@@ -3,6 +3,7 @@
 #define SLUICE_REDIS_CONNECTION_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/redis/detail/cluster.hpp>
 #include <sluice/redis/detail/io.hpp>
 #include <sluice/redis/options.hpp>
 #include <sluice/redis/reply.hpp>
@@ -18,6 +19,15 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+namespace sluice::redis {
+class connection;
+}  // namespace sluice::redis
+
+namespace sluice::detail {
+asio::awaitable<std::shared_ptr<redis::connection>> redis_cluster_open(
+    asio::any_io_executor ex, std::vector<redis_node_addr> seeds, redis::options opts);
+}  // namespace sluice::detail
 
 namespace sluice::redis {
 
@@ -84,10 +94,19 @@ class connection {
 
   /// Wraps an internal state; use `connect()` / `connect_unix()` instead.
   explicit connection(std::shared_ptr<sluice::detail::redis_io> io) noexcept : io_(std::move(io)) {}
+  /// Wraps a cluster router; use `connect_cluster()` instead.
+  explicit connection(std::shared_ptr<sluice::detail::redis_cluster> c) noexcept
+      : cluster_(std::move(c)) {}
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;
   /// Closes the socket without waiting (see the class comment).
-  ~connection() { io_->shutdown(); }
+  ~connection() {
+    if (cluster_) {
+      cluster_->shutdown();
+    } else {
+      io_->shutdown();
+    }
+  }
 
   /// Sends one command (`args[0]` is its name, e.g. `{"GET", "key"}`) and
   /// completes with its reply. Completion signature
@@ -97,7 +116,8 @@ class connection {
   template <asio::completion_token_for<void(error_code, reply)> CompletionToken>
   auto async_execute(std::vector<std::string> args, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code, reply)>(
-        [io = io_.get()](auto&& handler, std::vector<std::string> a) {
+        [io = io_.get(), cl = cluster_.get()](auto&& handler, std::vector<std::string> a) {
+          if (cl != nullptr) return cl->submit(std::move(a), std::forward<decltype(handler)>(handler));
           io->submit(a, std::forward<decltype(handler)>(handler));
         },
         token, std::move(args));
@@ -139,7 +159,8 @@ class connection {
   [[nodiscard]] asio::awaitable<void> reconnect() {
     error_code ec;
     auto token = asio::redirect_error(asio::use_awaitable, ec);
-    auto init = [io = io_.get()](auto&& handler) {
+    auto init = [io = io_.get(), cl = cluster_.get()](auto&& handler) {
+      if (cl != nullptr) return cl->wait_open(std::forward<decltype(handler)>(handler));
       io->wait_open(std::forward<decltype(handler)>(handler));
     };
     auto op = asio::async_initiate<decltype(token), void(error_code)>(init, token);
@@ -151,11 +172,16 @@ class connection {
   /// until its I/O has ended. Later calls fail with `errc::closed`. Runs to the
   /// end even when the calling coroutine was cancelled.
   [[nodiscard]] asio::awaitable<void> close() {
-    io_->shutdown();
+    if (cluster_) {
+      cluster_->shutdown();
+    } else {
+      io_->shutdown();
+    }
     const bool was = co_await asio::this_coro::throw_if_cancelled();
     co_await asio::this_coro::throw_if_cancelled(false);
     auto token = asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
-    auto init = [io = io_.get()](auto&& handler) {
+    auto init = [io = io_.get(), cl = cluster_.get()](auto&& handler) {
+      if (cl != nullptr) return cl->wait_idle(std::forward<decltype(handler)>(handler));
       io->wait_idle(std::forward<decltype(handler)>(handler));
     };
     auto op = asio::async_initiate<decltype(token), void()>(init, token);
@@ -167,6 +193,11 @@ class connection {
   /// for SUBSCRIBE, which takes a connection for itself. Throws
   /// `sluice::system_error` if it cannot connect.
   [[nodiscard]] asio::awaitable<std::shared_ptr<connection>> connect_again() const {
+    if (cluster_) {  // named operation: g++ 12 may destroy a co_await operand's temporaries twice
+      auto op = sluice::detail::redis_cluster_open(cluster_->executor(), cluster_->primaries(),
+                                                   cluster_->opts());
+      co_return co_await std::move(op);
+    }
     auto io = std::make_shared<sluice::detail::redis_io>(io_->executor(), io_->endpoints(),
                                                          io_->tcp(), io_->opts());
     auto c = std::make_shared<connection>(io);
@@ -178,26 +209,40 @@ class connection {
   /// received after a `SUBSCRIBE` on this connection, from inside the
   /// connection's read handler: it must not block; it may post work. Cleared
   /// by `close()`.
-  void on_message(std::function<void(const reply&)> f) { io_->on_message(std::move(f)); }
+  void on_message(std::function<void(const reply&)> f) {
+    if (cluster_) return cluster_->on_message(std::move(f));
+    io_->on_message(std::move(f));
+  }
   /// Called when the connection is lost (before the next call reconnects),
   /// after the pending calls have been failed. Same rules as `on_message`.
-  void on_lost(std::function<void()> f) { io_->on_lost(std::move(f)); }
+  void on_lost(std::function<void()> f) {
+    if (cluster_) return cluster_->on_lost(std::move(f));
+    io_->on_lost(std::move(f));
+  }
 
   /// True while the socket is open (false after a loss until a call
   /// reconnects, and after `close()`).
   [[nodiscard]] bool is_open() const noexcept {
-    return io_->current() == sluice::detail::redis_io::state::open;
+    return (cluster_ ? cluster_->current() : io_->current()) ==
+           sluice::detail::redis_io::state::open;
   }
   /// Calls sent or queued that have not had their reply yet (including
   /// cancelled ones whose reply is still to be read and dropped).
-  [[nodiscard]] std::size_t pending() const noexcept { return io_->pending(); }
+  [[nodiscard]] std::size_t pending() const noexcept {
+    return cluster_ ? cluster_->pending() : io_->pending();
+  }
   /// The executor that runs the connection's I/O.
-  [[nodiscard]] executor_type get_executor() const noexcept { return io_->executor(); }
+  [[nodiscard]] executor_type get_executor() const noexcept {
+    return cluster_ ? cluster_->executor() : io_->executor();
+  }
   /// The options it was opened with (the defaults for `connect(ex, host, port)`).
-  [[nodiscard]] const options& get_options() const noexcept { return io_->opts(); }
+  [[nodiscard]] const options& get_options() const noexcept {
+    return cluster_ ? cluster_->opts() : io_->opts();
+  }
 
  private:
   std::shared_ptr<sluice::detail::redis_io> io_;
+  std::shared_ptr<sluice::detail::redis_cluster> cluster_;  // set: a cluster connection
 };
 
 }  // namespace sluice::redis
@@ -210,6 +255,38 @@ inline asio::awaitable<std::shared_ptr<redis::connection>> redis_open(
       std::make_shared<redis_io>(ex, std::move(eps), tcp, std::move(opts)));
   co_await c->reconnect();
   co_return c;
+}
+
+// A cluster connection: a router (redis_cluster) with the seeds as its first
+// nodes, whose slot map is read (CLUSTER SLOTS) from the first seed that answers.
+inline asio::awaitable<std::shared_ptr<redis::connection>> redis_cluster_open(
+    asio::any_io_executor ex, std::vector<redis_node_addr> seeds, redis::options opts) {
+  if (opts.db != 0)
+    throw std::invalid_argument(
+        "sluice::redis::connect_cluster: Redis Cluster has only database 0; options::db must be 0");
+  if (!opts.unix_path.empty())
+    throw std::invalid_argument(
+        "sluice::redis::connect_cluster: cluster nodes are reached over TCP; options::unix_path "
+        "must be empty");
+  if (seeds.empty())
+    throw std::invalid_argument("sluice::redis::connect_cluster: no seed node given");
+  auto cl = std::make_shared<redis_cluster>(ex, std::move(opts));
+  for (const auto& a : seeds) cl->node(a);
+  auto init = [cl](auto&& handler) { cl->refresh(std::forward<decltype(handler)>(handler)); };
+  error_code ec;
+  auto token = asio::redirect_error(asio::use_awaitable, ec);
+  auto op = asio::async_initiate<decltype(token), void(error_code, std::string)>(init, token);
+  const std::string text = co_await std::move(op);
+  if (ec) {
+    cl->shutdown();
+    auto idle = [cl](auto&& handler) { cl->wait_idle(std::forward<decltype(handler)>(handler)); };
+    auto wait = asio::async_initiate<decltype(asio::use_awaitable), void()>(idle, asio::use_awaitable);
+    co_await std::move(wait);
+    if (ec == redis::make_error_code(redis::errc::protocol_error) && !text.empty())
+      throw redis::server_error(text);
+    throw system_error(ec, "sluice::redis::connect_cluster");
+  }
+  co_return std::make_shared<redis::connection>(std::move(cl));
 }
 }  // namespace sluice::detail
 

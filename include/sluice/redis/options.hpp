@@ -6,9 +6,47 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace sluice::redis {
+
+/// TLS for a Redis connection (`options::tls`), through `asio::ssl` (OpenSSL).
+///
+/// Needs `SLUICE_REDIS_TLS` defined in every translation unit that includes
+/// a `sluice/redis` header, and OpenSSL linked: the CMake target
+/// `sluice::redis_tls` does both (it is `sluice::redis` plus OpenSSL; Debian:
+/// `libssl-dev`). Without it `sluice::redis` neither includes nor links
+/// OpenSSL, and a connection whose options ask for TLS throws
+/// `std::invalid_argument` when it is created.
+///
+/// The server's certificate is verified by default: its chain against
+/// `ca_file`, and its name against `server_name`. Every socket of the
+/// connection (each reconnect, each `connect_again()`, each node a Sentinel
+/// connection reaches) does a full handshake before `AUTH`/`SELECT`.
+///
+/// @code
+/// sluice::redis::options o{.host = "cache.internal", .port = 6380, .password = "secret",
+///                          .tls = sluice::redis::tls_options{.ca_file = "ca.pem"}};
+/// auto conn = co_await sluice::redis::connect(ex, o);   // TLS, then AUTH
+/// @endcode
+struct tls_options {
+  /// PEM file of the CA certificate(s) that sign the server's certificate;
+  /// empty: the system's default CA paths.
+  std::string ca_file;
+  /// PEM file of this client's certificate chain, for servers that
+  /// authenticate clients (`tls-auth-clients yes`); empty: none.
+  std::string cert_file;
+  /// PEM file of the private key of `cert_file`; empty: `cert_file` holds it.
+  std::string key_file;
+  /// The name sent as SNI and checked against the server's certificate
+  /// (DNS name, or IP address against an IP SAN); empty: `options::host`, or
+  /// the address a Sentinel reported.
+  std::string server_name;
+  /// Verify the server's certificate chain and name. Turn it off only for a
+  /// test: without it anybody on the path can read the traffic.
+  bool verify = true;
+};
 
 /// Where and how `sluice::redis::connect(ex, options)` reaches a Redis server.
 /// Everything here is applied again on every reconnect and on every connection
@@ -42,6 +80,8 @@ struct options {
   std::string password;
   /// Database index selected with `SELECT` after connecting (0: none sent).
   int db = 0;
+  /// TLS (see `tls_options`); empty: plain TCP. Not for a Unix socket.
+  std::optional<tls_options> tls;
   /// Limit on opening the socket (each reconnect too); past it the calls
   /// waiting for the connection fail with `errc::timed_out`.
   std::chrono::milliseconds connect_timeout{5000};

@@ -6,7 +6,9 @@
 #include <sluice/detail/completion.hpp>
 #include <sluice/redis/connection.hpp>
 #include <sluice/redis/detail/script.hpp>
+#include <sluice/redis/detail/semaphore_ops.hpp>
 #include <sluice/redis/detail/semaphore_state.hpp>
+#include <sluice/redis/semaphore_permit.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -15,37 +17,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <list>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <utility>
-#include <vector>
-
-namespace sluice::detail {
-// What semaphore::run(body) returns: body(fencing token) or body().
-template <class F, bool = std::is_invocable_v<F&, std::int64_t>>
-struct redis_run_result {
-  using type = std::invoke_result_t<F&, std::int64_t>;
-};
-template <class F>
-struct redis_run_result<F, false> {
-  using type = std::invoke_result_t<F&>;
-};
-}  // namespace sluice::detail
 
 namespace sluice::redis {
-
-/// Thrown by `semaphore::run()` when the permit's lease stopped being certain
-/// while the body ran (the body was cancelled and has finished).
-class lease_lost : public std::runtime_error {
- public:
-  lease_lost()
-      : std::runtime_error(
-            "sluice::redis::semaphore: the lease is no longer certain; the body was cancelled") {}
-};
 
 /// Tuning of a `redis::semaphore`; zero means the default described there.
 struct semaphore_options {
@@ -152,73 +129,14 @@ struct semaphore_options {
 /// @endcode
 class semaphore {
   using state = detail::redis_sem_state;
-  using held_ptr = state::held_ptr;
 
  public:
   /// Tuning; see `semaphore_options`.
   using options = semaphore_options;
 
-  /// Move-only ownership of one permit; releases it on destruction.
-  class permit {
-   public:
-    /// An empty permit that owns nothing.
-    permit() noexcept = default;
-    /// Takes over `o`'s ownership; `o` is left empty.
-    permit(permit&& o) noexcept : st_(std::move(o.st_)), h_(std::move(o.h_)) {}
-    /// Releases what this owns, then takes over `o`'s ownership.
-    permit& operator=(permit&& o) noexcept {
-      if (this != &o) {
-        reset();
-        st_ = std::move(o.st_);
-        h_ = std::move(o.h_);
-      }
-      return *this;
-    }
-    ~permit() { reset(); }
-    /// True while it owns a permit (also once it was lost, until `reset()`).
-    explicit operator bool() const noexcept { return h_ != nullptr; }
-    /// Releases the permit now (no-op when empty or lost).
-    void reset() noexcept {
-      if (auto h = std::exchange(h_, nullptr)) {
-        st_->release(h, st_);
-        st_.reset();
-      }
-    }
-    /// The grant's fencing token: strictly increasing per semaphore (see the
-    /// class comment); 0 when empty.
-    [[nodiscard]] std::int64_t fencing_token() const noexcept { return h_ ? h_->token : 0; }
-    /// True once the lease stopped being certain (see the class comment).
-    [[nodiscard]] bool lost() const noexcept { return h_ && h_->lost; }
-    /// Until when the lease is certain now (extended by each confirmed
-    /// renewal); `time_point::max()` for an endless lease.
-    [[nodiscard]] std::chrono::steady_clock::time_point certain_until() const noexcept {
-      return h_ ? h_->certain_until : std::chrono::steady_clock::time_point{};
-    }
-    /// Completes when the permit is lost (at once if it is). Throws
-    /// `operation_aborted` when cancelled or when the permit is released
-    /// meanwhile, `std::logic_error` when empty. Resumes on the caller's
-    /// executor. The permit must outlive the wait.
-    [[nodiscard]] asio::awaitable<void> wait_lost() const {
-      auto h = h_;
-      if (!h) throw std::logic_error("sluice::redis::semaphore::permit::wait_lost: empty permit");
-      while (!h->lost) {
-        if (h->released) throw system_error(asio::error::operation_aborted);
-        error_code ec;
-        co_await h->signal.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        auto cs = co_await asio::this_coro::cancellation_state;
-        if (!h->lost && cs.cancelled() != asio::cancellation_type::none)
-          throw system_error(asio::error::operation_aborted);
-      }
-    }
-
-   private:
-    friend class semaphore;
-    permit(std::shared_ptr<state> st, held_ptr h) noexcept : st_(std::move(st)), h_(std::move(h)) {
-      h_->owned = true;
-    }
-    std::shared_ptr<state> st_;
-    held_ptr h_;
-  };
+  /// Move-only ownership of one permit; releases it on destruction. See
+  /// `semaphore_permit`.
+  using permit = semaphore_permit;
 
   /// A semaphore of `permits` permits named `name` on `conn`'s server, with
   /// leases of `lease`. Throws `std::invalid_argument` if `permits == 0` or
@@ -248,7 +166,7 @@ class semaphore {
   /// subscriber connection, without waiting; waiting acquires end with
   /// `operation_aborted`. Prefer `co_await close()`.
   ~semaphore() {
-    stop();
+    detail::redis_sem_stop(st_);
     st_->sub.reset();  // closes it
   }
 
@@ -257,15 +175,13 @@ class semaphore {
   /// `errc::timed_out`), `server_error` if Redis rejects a script. See the
   /// class comment.
   [[nodiscard]] asio::awaitable<void> acquire() {
-    return detail::redis_without_throw_if_cancelled(acquire_void(st_));
+    return detail::redis_without_throw_if_cancelled(detail::redis_sem_acquire_void(st_));
   }
 
   /// As `acquire()`, returning a `permit` that releases on destruction and
   /// carries the grant's fencing token.
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
-    auto st = st_;
-    held_ptr h = co_await detail::redis_without_throw_if_cancelled(detail::redis_sem_acquire(st));
-    co_return permit(st, std::move(h));
+    return detail::redis_sem_scoped_acquire(st_);
   }
 
   /// Runs `body()` or `body(fencing_token)` (returning `asio::awaitable<T>`)
@@ -277,7 +193,7 @@ class semaphore {
   /// The permit is released when `run` returns.
   template <class F>
   [[nodiscard]] auto run(F body) -> typename detail::redis_run_result<F>::type {
-    return detail::redis_without_throw_if_cancelled(run_impl(std::move(body)));
+    return detail::redis_without_throw_if_cancelled(detail::redis_sem_run(st_, std::move(body)));
   }
 
   /// Waits for a permit; any completion token, signature
@@ -294,7 +210,7 @@ class semaphore {
           auto done = [h = std::move(handler), ex](std::exception_ptr, error_code ec) mutable {
             detail::post_completion(std::move(h), ex, ec);
           };
-          asio::co_spawn(ex, acquire_ec(st),
+          asio::co_spawn(ex, detail::redis_sem_acquire_ec(st),
                          detail::redis_slot_handler<decltype(done)>{slot, std::move(done)});
         },
         token);
@@ -359,108 +275,9 @@ class semaphore {
   /// Stops the renewal loop and waits for it, releases the permits still held
   /// and closes the subscriber connection. Runs to the end even when the
   /// caller was cancelled.
-  [[nodiscard]] asio::awaitable<void> close() {
-    auto st = st_;
-    stop();
-    const bool was = co_await asio::this_coro::throw_if_cancelled();
-    co_await asio::this_coro::throw_if_cancelled(false);
-    if (st->renewing) {
-      auto token = asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable);
-      auto init = [p = st.get()](auto&& handler) {
-        p->renewal_done.emplace_back(std::forward<decltype(handler)>(handler),
-                                     p->conn->get_executor());
-      };
-      auto op = asio::async_initiate<decltype(token), void()>(init, token);
-      co_await std::move(op);
-    }
-    if (auto sub = std::exchange(st->sub, nullptr)) co_await sub->close();
-    co_await asio::this_coro::throw_if_cancelled(was);
-  }
+  [[nodiscard]] asio::awaitable<void> close() { return detail::redis_sem_close(st_); }
 
  private:
-  void stop() noexcept {
-    auto& st = *st_;
-    if (st.stopped) return;
-    st.stopped = true;
-    st.renew_timer.cancel();
-    st.watchdog.cancel();
-    while (!st.held.empty()) st.release(st.held.back(), st_);
-    st.wake(st.waiters.size());
-    if (st.sub) {
-      st.sub->on_message(nullptr);
-      st.sub->on_lost(nullptr);
-    }
-  }
-
-  static asio::awaitable<void> acquire_void(std::shared_ptr<state> st) {
-    co_await detail::redis_sem_acquire(st);
-  }
-
-  static asio::awaitable<error_code> acquire_ec(std::shared_ptr<state> st) {
-    try {
-      co_await detail::redis_without_throw_if_cancelled(detail::redis_sem_acquire(st));
-    } catch (const system_error& e) {
-      co_return e.code();
-    } catch (const server_error&) {
-      co_return make_error_code(errc::protocol_error);
-    }
-    co_return error_code{};
-  }
-
-  template <class F>
-  auto run_impl(F body) -> typename detail::redis_run_result<F>::type {
-    using awaitable_t = typename detail::redis_run_result<F>::type;
-    using value_t = typename awaitable_t::value_type;
-    auto st = st_;
-    permit p = co_await scoped_acquire();
-    auto h = p.h_;
-    auto ex = co_await asio::this_coro::executor;
-    auto cs = co_await asio::this_coro::cancellation_state;
-    asio::cancellation_signal stop_body;
-    asio::steady_timer wake(ex, detail::redis_clock::time_point::max());
-    bool done = false;
-    bool stopping = false;
-    std::exception_ptr error;
-    std::optional<std::conditional_t<std::is_void_v<value_t>, int, value_t>> value;
-    h->on_lost = [&wake] {
-      wake.cancel();
-    };
-    auto on_done = [&](std::exception_ptr e, auto... v) {
-      done = true;
-      error = e;
-      if constexpr (sizeof...(v) == 1) {
-        if (!e) value.emplace(std::move(v)...);
-      }
-      wake.cancel();
-    };
-    auto start = [&] {
-      if constexpr (std::is_invocable_v<F&, std::int64_t>) {
-        return body(h->token);
-      } else {
-        return body();
-      }
-    };
-    asio::co_spawn(ex, start(), asio::bind_cancellation_slot(stop_body.slot(), on_done));
-    while (!done) {
-      if (!stopping && (h->lost || cs.cancelled() != asio::cancellation_type::none)) {
-        stopping = true;
-        stop_body.emit(asio::cancellation_type::terminal);
-        continue;
-      }
-      error_code ec;
-      if (stopping) {
-        co_await wake.async_wait(asio::bind_cancellation_slot(
-            asio::cancellation_slot(), asio::redirect_error(asio::use_awaitable, ec)));
-      } else {
-        co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      }
-    }
-    h->on_lost = nullptr;
-    if (h->lost && stopping) throw lease_lost();
-    if (error) std::rethrow_exception(error);
-    if constexpr (!std::is_void_v<value_t>) co_return std::move(*value);
-  }
-
   std::shared_ptr<state> st_;
 };
 

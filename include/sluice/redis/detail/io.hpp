@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/redis/detail/tls.hpp>
 #include <sluice/redis/options.hpp>
 #include <sluice/redis/reply.hpp>
 
@@ -124,7 +125,19 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
         timer_(ex_),
         endpoints_(std::move(endpoints)),
         tcp_(tcp),
-        opts_(std::move(opts)) {}
+        opts_(std::move(opts)) {
+    if (opts_.tls) {
+#if defined(SLUICE_REDIS_TLS)
+      if (!tcp_) throw std::invalid_argument("sluice::redis: options::tls needs TCP, not a Unix socket");
+      tls_ctx_ = redis_tls_context(*opts_.tls);
+#else
+      throw std::invalid_argument(
+          "sluice::redis: options::tls needs TLS support: define SLUICE_REDIS_TLS in every "
+          "translation unit and link OpenSSL (CMake: link sluice::redis_tls instead of "
+          "sluice::redis)");
+#endif
+    }
+  }
   redis_io(const redis_io&) = delete;
   redis_io& operator=(const redis_io&) = delete;
   ~redis_io() {
@@ -225,15 +238,19 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     state_ = state::connecting;
     ++gen_;
     error_code ignored;
-    socket_.close(ignored);
+    lowest().close(ignored);
     socket_ = socket_type(ex_);
+#if defined(SLUICE_REDIS_TLS)
+    tls_.reset();  // its last operations keep it alive until they end
+    if (tls_ctx_) tls_ = redis_tls_open(ex_, *tls_ctx_, *opts_.tls, opts_.host);
+#endif
     if (reader_ != nullptr) redisReaderFree(reader_);
     reader_ = redisReaderCreate();
     if (reader_ == nullptr) throw std::bad_alloc();
     connect_deadline_ = clock::now() + opts_.connect_timeout;
     arm_timer();
     ++io_ops_;
-    asio::async_connect(socket_, endpoints_,
+    asio::async_connect(lowest(), endpoints_,
                         [self = shared_from_this(), gen = gen_](
                             error_code ec, const endpoint_type&) { self->on_connect(gen, ec); });
   }
@@ -243,6 +260,30 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     if (gen != gen_) return maybe_idle();
     if (ec) return fail(ec);
     if (tcp_) set_tcp_options();
+#if defined(SLUICE_REDIS_TLS)
+    if (tls_) {  // still `connecting`: the connect timeout covers the handshake
+      ++io_ops_;
+      tls_->async_handshake(asio::ssl::stream_base::client,
+                            [self = shared_from_this(), gen, keep = tls_](error_code e) {
+                              self->on_handshake(gen, e);
+                            });
+      return;
+    }
+#endif
+    on_open();
+  }
+
+#if defined(SLUICE_REDIS_TLS)
+  void on_handshake(unsigned gen, error_code ec) {
+    --io_ops_;
+    if (gen != gen_) return maybe_idle();
+    if (ec) return fail(ec);  // e.g. "certificate verify failed"
+    on_open();
+  }
+#endif
+
+  // The socket is ready for commands: AUTH/SELECT first, then the queue.
+  void on_open() {
     state_ = state::open;
     prepend_handshake();
     for (auto& r : pending_) set_deadline(*r);
@@ -256,10 +297,19 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
 
   void start_read() {
     ++io_ops_;
-    socket_.async_read_some(asio::buffer(rbuf_),
-                            [self = shared_from_this(), gen = gen_](error_code ec, std::size_t n) {
-                              self->on_read(gen, ec, n);
+    auto done = [self = shared_from_this(), gen = gen_](error_code ec, std::size_t n) {
+      self->on_read(gen, ec, n);
+    };
+#if defined(SLUICE_REDIS_TLS)
+    if (tls_) {
+      tls_->async_read_some(asio::buffer(rbuf_),
+                            [done = std::move(done), keep = tls_](error_code ec, std::size_t n) {
+                              done(ec, n);
                             });
+      return;
+    }
+#endif
+    socket_.async_read_some(asio::buffer(rbuf_), std::move(done));
   }
 
   void on_read(unsigned gen, error_code ec, std::size_t n) {
@@ -318,14 +368,23 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     }
   }
 
+  // The socket of this generation (inside the TLS stream when there is one).
+  socket_type& lowest() noexcept {
+#if defined(SLUICE_REDIS_TLS)
+    if (tls_) return tls_->next_layer();
+#endif
+    return socket_;
+  }
+
   void set_tcp_options() {
     error_code ec;
-    socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+    socket_type& s = lowest();
+    s.set_option(asio::ip::tcp::no_delay(true), ec);
     if (!opts_.keepalive) return;
-    socket_.set_option(asio::socket_base::keep_alive(true), ec);
-    socket_.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPIDLE>(15), ec);
-    socket_.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPINTVL>(5), ec);
-    socket_.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPCNT>(3), ec);
+    s.set_option(asio::socket_base::keep_alive(true), ec);
+    s.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPIDLE>(15), ec);
+    s.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPINTVL>(5), ec);
+    s.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPCNT>(3), ec);
   }
 
   void set_deadline(redis_request& r) const {
@@ -372,10 +431,19 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     out_.clear();
     write_active_ = true;
     ++io_ops_;
-    asio::async_write(socket_, asio::buffer(writing_),
-                      [self = shared_from_this(), gen = gen_](error_code ec, std::size_t) {
-                        self->on_write(gen, ec);
-                      });
+    auto done = [self = shared_from_this(), gen = gen_](error_code ec, std::size_t) {
+      self->on_write(gen, ec);
+    };
+#if defined(SLUICE_REDIS_TLS)
+    if (tls_) {
+      asio::async_write(*tls_, asio::buffer(writing_),
+                        [done = std::move(done), keep = tls_](error_code ec, std::size_t n) {
+                          done(ec, n);
+                        });
+      return;
+    }
+#endif
+    asio::async_write(socket_, asio::buffer(writing_), std::move(done));
   }
 
   void on_write(unsigned gen, error_code ec) {
@@ -395,7 +463,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     if (state_ != state::closed) state_ = state::broken;
     ++gen_;
     error_code ignored;
-    socket_.close(ignored);
+    lowest().close(ignored);
     out_.clear();
     subscriber_ = false;
     auto pending = std::move(pending_);
@@ -425,6 +493,10 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   std::vector<endpoint_type> endpoints_;
   bool tcp_;
   redis::options opts_;
+#if defined(SLUICE_REDIS_TLS)
+  std::shared_ptr<asio::ssl::context> tls_ctx_;  // options::tls, loaded once
+  std::shared_ptr<redis_tls_stream> tls_;        // this generation's; owns its socket
+#endif
   clock::time_point connect_deadline_{};
   clock::time_point armed_for_{};
   bool timer_armed_ = false;

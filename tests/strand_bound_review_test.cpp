@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: BSL-1.0
+// An adversarial review of strand_bound.hpp (DESIGN.md "Limits shared by every
+// session of a multi-threaded server"): loops that die while a call is on
+// another loop's strand, cancellation before the call for every member,
+// permits dropped on foreign threads. Counts and orders, never wall time.
+#include <sluice/keyed_semaphore.hpp>
+#include <sluice/rate_limiter.hpp>
+#include <sluice/semaphore.hpp>
+#include <sluice/single_flight.hpp>
+#include <sluice/strand_bound.hpp>
+
+#include <support/asio.hpp>
+
+#include <catch2/catch.hpp>
+#include <support/ending.hpp>
+#include <support/lifetime.hpp>
+
+#include <atomic>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+using sluice_test::lifetime_counter;
+
+namespace {
+
+using shared_sem = sluice::strand_bound<sluice::semaphore>;
+using keyed_t = sluice::strand_bound<sluice::keyed_semaphore<int>>;
+
+// Waits for a permit of `sem` in a counted frame, in one of the members' shapes.
+asio::awaitable<void> wait_counted(shared_sem& sem, int kind, std::atomic<int>& resumed) {
+  lifetime_counter in_frame;
+  if (kind == 0) {
+    co_await sem.acquire();
+    sem.release();
+  } else {
+    auto p = co_await sem.scoped_acquire();
+  }
+  ++resumed;
+}
+
+asio::awaitable<void> wait_key_counted(keyed_t& keyed, std::atomic<int>& resumed) {
+  lifetime_counter in_frame;
+  auto p = co_await keyed.scoped_acquire(1);
+  ++resumed;
+}
+
+}  // namespace
+
+TEST_CASE("review: a caller's loop destroyed while its call waits on another loop's strand",
+          "[strand_bound][review]") {
+  // The caller's frame goes with its loop (as for to_thread and
+  // shared_semaphore); the grant that comes later is posted into nothing and
+  // is handed on, so no permit is lost.
+  const int kind = GENERATE(0, 1);
+  const int before = lifetime_counter::live();
+  std::atomic<int> resumed{0};
+  asio::io_context limit_ctx;
+  shared_sem sem{asio::make_strand(limit_ctx), 0};
+  keyed_t keyed{asio::make_strand(limit_ctx), 1};
+  auto busy = keyed.underlying().try_acquire(1);  // set-up, before the loop runs
+  REQUIRE(busy);
+  {
+    asio::io_context caller_ctx;
+    asio::co_spawn(caller_ctx, wait_counted(sem, kind, resumed), asio::detached);
+    asio::co_spawn(caller_ctx, wait_key_counted(keyed, resumed), asio::detached);
+    caller_ctx.poll();  // the calls are posted to the limit's strand
+    limit_ctx.poll();   // and wait there
+    REQUIRE(sem.underlying().waiters() == 1);
+    REQUIRE(keyed.underlying().waiters(1) == 1);
+    CHECK(lifetime_counter::live() == before + 2);
+  }
+  CHECK(lifetime_counter::live() == before);
+  sem.release();  // granted to a caller whose loop is gone
+  busy.reset();
+  limit_ctx.poll();
+  CHECK(resumed.load() == 0);
+  CHECK(sem.underlying().value() == 1);
+  CHECK(sem.underlying().waiters() == 0);
+  CHECK(keyed.underlying().keys() == 0);
+}
+
+TEST_CASE("review: one loop destroyed while callers wait on its own strand frees everything",
+          "[strand_bound][review]") {
+  // The usual server: limit and callers on one io_context. The limit is
+  // destroyed first (it aborts its waits), then the loop drops the posts.
+  const int before = lifetime_counter::live();
+  std::atomic<int> resumed{0};
+  {
+    asio::io_context ctx;
+    shared_sem sem{asio::make_strand(ctx), 0};
+    for (int kind = 0; kind < 2; ++kind)
+      asio::co_spawn(asio::make_strand(ctx), wait_counted(sem, kind, resumed), asio::detached);
+    ctx.poll();
+    REQUIRE(sem.underlying().waiters() == 2);
+    CHECK(lifetime_counter::live() == before + 2);
+  }
+  CHECK(lifetime_counter::live() == before);
+  CHECK(resumed.load() == 0);
+}
+
+// How a call made by a coroutine whose cancellation is already requested
+// ends: the co_await itself throws there, so it is caught right around it.
+#define REVIEW_ENDING(how, call)                                                   \
+  try {                                                                            \
+    co_await (call);                                                               \
+    how.push_back("ok");                                                           \
+  } catch (const sluice::system_error& e) {                                        \
+    how.push_back(e.code() == asio::error::operation_aborted ? "aborted" : e.what()); \
+  }
+
+TEST_CASE("review: a caller cancelled before it called takes nothing, whatever the member",
+          "[strand_bound][review]") {
+  asio::io_context ctx;
+  shared_sem sem{asio::make_strand(ctx), 1};
+  keyed_t keyed{asio::make_strand(ctx), 1};
+  sluice::strand_bound<sluice::rate_limiter> rps{asio::make_strand(ctx), 1, std::chrono::hours(1)};
+  sluice::strand_bound<sluice::single_flight<int, int>> flights{asio::make_strand(ctx)};
+  asio::cancellation_signal cancel;
+  std::vector<std::string> how;
+  int fn_calls = 0, visits = 0;
+  auto fn = [&]() -> asio::awaitable<int> {
+    ++fn_calls;
+    co_return 1;
+  };
+  auto visit = [&](sluice::semaphore&) { ++visits; };
+  asio::co_spawn(
+      asio::make_strand(ctx),
+      [&]() -> asio::awaitable<void> {
+        cancel.emit(asio::cancellation_type::terminal);
+        REVIEW_ENDING(how, sem.acquire());
+        REVIEW_ENDING(how, sem.scoped_acquire());
+        REVIEW_ENDING(how, sem.try_acquire());
+        REVIEW_ENDING(how, keyed.scoped_acquire(1));
+        REVIEW_ENDING(how, keyed.try_acquire(1));
+        REVIEW_ENDING(how, rps.try_acquire());
+        REVIEW_ENDING(how, flights.run(1, fn));
+        REVIEW_ENDING(how, sem.visit(visit));
+      },
+      asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+  ctx.run();
+  CHECK(how == std::vector<std::string>(8, "aborted"));
+  CHECK(fn_calls == 0);
+  CHECK(visits == 0);
+  CHECK(sem.underlying().value() == 1);
+  CHECK(keyed.underlying().keys() == 0);
+  CHECK(rps.underlying().try_acquire());
+  CHECK(flights.underlying().in_flight() == 0);
+}
+
+TEST_CASE("review: permits dropped on threads outside every loop are released on the strand",
+          "[strand_bound][review]") {
+  // ThreadSanitizer: the release never touches the limit off its strand.
+  asio::io_context ctx;
+  shared_sem sem{asio::make_strand(ctx), 3};
+  keyed_t keyed{asio::make_strand(ctx), 1};
+  std::vector<sluice::strand_permit<sluice::semaphore::permit>> permits;
+  std::optional<sluice::strand_permit<sluice::keyed_semaphore<int>::permit>> key_permit;
+  int granted_after = 0;
+  asio::co_spawn(
+      asio::make_strand(ctx),
+      [&]() -> asio::awaitable<void> {
+        for (int i = 0; i < 3; ++i) permits.push_back(co_await sem.scoped_acquire());
+        key_permit = co_await keyed.try_acquire(1);
+      },
+      asio::detached);
+  ctx.run();
+  ctx.restart();
+  REQUIRE(permits.size() == 3);
+  REQUIRE(key_permit.has_value());
+  REQUIRE(*key_permit);
+  auto work = asio::make_work_guard(ctx);
+  std::thread loop([&] { ctx.run(); });
+  {
+    std::vector<std::thread> droppers;
+    for (auto& p : permits) droppers.emplace_back([q = std::move(p)]() mutable { q.reset(); });
+    droppers.emplace_back([q = std::move(*key_permit)]() mutable {
+      auto moved = std::move(q);  // a moved-from permit releases nothing
+    });
+    for (auto& d : droppers) d.join();
+  }
+  asio::co_spawn(
+      asio::make_strand(ctx),
+      [&]() -> asio::awaitable<void> {
+        for (int i = 0; i < 3; ++i) co_await sem.acquire();
+        auto k = co_await keyed.scoped_acquire(1);
+        granted_after = 4;
+        for (int i = 0; i < 3; ++i) sem.release();
+      },
+      [&](std::exception_ptr) { work.reset(); });
+  loop.join();
+  CHECK(granted_after == 4);
+  CHECK(sem.underlying().value() == 3);
+  CHECK(keyed.underlying().keys() == 0);
+}
