@@ -16,14 +16,14 @@
 // Needs redis-server on PATH (Debian: redis-server); without it, it says so
 // and exits with 77 (reported as skipped by the test suite).
 
+#include <sluice/asio.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/redis/rate_limiter.hpp>
 #include <sluice/redis/semaphore.hpp>
 #include <sluice/semaphore.hpp>
 
-#include <support/asio.hpp>
-#include <support/redis_run.hpp>
-#include <support/redis_server.hpp>
+#include "support/redis_run.hpp"
+#include "support/redis_server.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -77,10 +77,10 @@ const char* fenced_write_lua =
 // One client process: 14 calls gathered at once, each behind the cap.
 int run_client(int port, int replica, double scale, const std::string& mode) {
   asio::io_context ctx;
-  sluice_test::run_for(
+  sluice_examples::run_for(
       ctx,
       [&]() -> asio::awaitable<void> {
-        auto conn = co_await sluice_test::connect_to(port);
+        auto conn = co_await sluice_examples::connect_to(port);
         sluice::semaphore local_cap{5};
         sluice::redis::semaphore fleet_cap{conn, "places-api", 5, 1000ms};
         sluice::redis::rate_limiter fleet_rate{conn, "places-api:rate", 200, 1s};
@@ -96,7 +96,7 @@ int run_client(int port, int replica, double scale, const std::string& mode) {
           co_await conn->execute("EVAL", enter_provider_lua, "2", inflight, peak);
           const auto latency = std::chrono::milliseconds(
               static_cast<long>((1000 + static_cast<long>(fnv1a(query) % 4001)) * scale));
-          co_await sluice_test::sleep_ms(latency.count());
+          co_await sluice_examples::sleep_ms(latency.count());
           if (token != 0) {
             sluice::redis::reply r = co_await conn->execute(
                 "EVAL", fenced_write_lua, "3",
@@ -140,15 +140,15 @@ fleet_result run_fleet(int port, const char* scale, const std::string& mode) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
   for (int r = 0; r < 4; ++r) {
-    pids.push_back(
-        sluice_test::spawn_child("client", {std::to_string(port), std::to_string(r), scale, mode}));
+    pids.push_back(sluice_examples::spawn_child(
+        "client", {std::to_string(port), std::to_string(r), scale, mode}));
   }
   fleet_result out;
-  for (pid_t pid : pids) out.ok = sluice_test::wait_process(pid) == 0 && out.ok;
+  for (pid_t pid : pids) out.ok = sluice_examples::wait_process(pid) == 0 && out.ok;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   asio::io_context ctx;
-  out.max_in_flight = sluice_test::run_for(ctx, [&]() -> asio::awaitable<long long> {
-    auto conn = co_await sluice_test::connect_to(port);
+  out.max_in_flight = sluice_examples::run_for(ctx, [&]() -> asio::awaitable<long long> {
+    auto conn = co_await sluice_examples::connect_to(port);
     sluice::redis::reply r = co_await conn->execute("GET", "provider:" + mode + ":max");
     co_await conn->close();
     co_return r.is_nil() ? 0 : std::stoll(r.str);
@@ -156,7 +156,7 @@ fleet_result run_fleet(int port, const char* scale, const std::string& mode) {
   return out;
 }
 
-const sluice_test::register_child client_role{
+const sluice_examples::register_child client_role{
     "client", [](const std::vector<std::string>& a) {
       return run_client(std::stoi(a.at(0)), std::stoi(a.at(1)), std::stod(a.at(2)), a.at(3));
     }};
@@ -165,16 +165,16 @@ const sluice_test::register_child client_role{
 
 int main(int argc, char** argv) {
   if (argc >= 3 && std::strcmp(argv[1], "--child") == 0) {
-    auto it = sluice_test::child_roles().find(argv[2]);
-    if (it == sluice_test::child_roles().end()) return 2;
+    auto it = sluice_examples::child_roles().find(argv[2]);
+    if (it == sluice_examples::child_roles().end()) return 2;
     return it->second(std::vector<std::string>(argv + 3, argv + argc));
   }
   const bool fast = argc > 1 && std::strcmp(argv[1], "--virtual") == 0;
   const char* scale = fast ? "0.01" : "0.05";
-  auto server = sluice_test::redis_server::start();
+  auto server = sluice_examples::redis_server::start();
   if (!server) {
     std::printf("SKIPPED: could not start redis-server (Debian: apt-get install redis-server)\n");
-    return sluice_test::skip_exit_code;
+    return sluice_examples::skip_exit_code;
   }
   std::printf(
       "A fleet of 4 amenity-discovery clients (separate processes), 14 calls each,\n"
@@ -186,8 +186,8 @@ int main(int argc, char** argv) {
     // it starts (so that holders can re-claim their permits after a restart):
     // wait that out here, so that the timings below show the cap alone.
     asio::io_context ctx;
-    sluice_test::run_for(ctx, [&]() -> asio::awaitable<void> {
-      auto conn = co_await sluice_test::connect_to(server->port());
+    sluice_examples::run_for(ctx, [&]() -> asio::awaitable<void> {
+      auto conn = co_await sluice_examples::connect_to(server->port());
       sluice::redis::semaphore warm{conn, "places-api", 5, 1000ms};
       co_await warm.acquire();
       warm.release();
@@ -207,9 +207,9 @@ int main(int argc, char** argv) {
       shared.max_in_flight, shared.seconds);
   auto [tokens, rejected] = [&] {
     asio::io_context ctx;
-    return sluice_test::run_for(
+    return sluice_examples::run_for(
         ctx, [&]() -> asio::awaitable<std::pair<std::vector<long long>, long long>> {
-          auto conn = co_await sluice_test::connect_to(server->port());
+          auto conn = co_await sluice_examples::connect_to(server->port());
           sluice::redis::reply r = co_await conn->execute("LRANGE", "provider:tokens", "0", "-1");
           sluice::redis::reply x = co_await conn->execute("GET", "provider:rejected");
           co_await conn->close();
