@@ -25,6 +25,8 @@
 #   make docs    README.md, docs/*.md and the API reference (Doxygen) as one site under
 #                build/docs/html; fails on any warning or on a broken link (tests/docs/check_docs.py)
 #   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
+#                (FLEET_ARGS=--cluster: on a private 3-node Redis Cluster, resharded mid-run;
+#                FLEET_ARGS=--sentinel: through Redis Sentinel, the primary SIGKILLed mid-run)
 #   make fuzz    each libFuzzer target in tests/fuzz for FUZZ_SECONDS (default 60; clang)
 #   make fuzz-ci replay the fuzz corpus, then fuzz each target for FUZZ_CI_SECONDS (10)
 
@@ -64,7 +66,7 @@ demo: deps
 fleet-demo: deps
 	$(call configure,release,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
 	cmake --build build/release -j$(JOBS) --target fleet
-	./build/release/examples/fleet
+	./build/release/examples/fleet $(FLEET_ARGS)
 
 test: deps test-gcc test-clang
 

@@ -46,6 +46,12 @@ BOOST_FILTER = {"gather_bench": "parallel_group_ranged|(gather|cospawn_counter)_
 # The limits' benchmarks, each with its own baselines (see limits_table).
 LIMIT_BENCHES = ("rate_limiter_bench", "keyed_bench", "shared_semaphore_bench", "redis_bench")
 
+# Binaries whose cases are read only as "<binary>:<case>": they repeat case
+# names of primitives_bench (nested_co_await, semaphore_uncontended) with
+# their own floors, and a later binary must not replace primitives_bench's
+# numbers (the targets and the primitives table read those unprefixed).
+PREFIXED_ONLY = LIMIT_BENCHES + ("stats_bench", "strand_bound_bench")
+
 
 def run_benchmarks(build, out, min_time, repetitions, prefix="", filters=None):
     for exe in sorted(glob.glob(os.path.join(build, "benchmarks", "*_bench"))):
@@ -93,6 +99,8 @@ def load_google(path, timings, study, prefix=""):
             continue
         if "allocs_per_task" in b:
             timings[name + "/allocs"] = b["allocs_per_task"]
+        elif "allocs" in b:  # stats_bench: heap allocations per iteration
+            timings[name + "/allocs"] = b["allocs"]
         for counter in ("ns_per_task", "per_handoff", "per_item", "per_waiter", "per_post",
                         "per_acquire", "per_call"):
             if counter in b:
@@ -114,14 +122,18 @@ def collect(out):
     timings, study, context = {}, [], {}
     for path in sorted(glob.glob(os.path.join(out, "*_bench.json"))):
         base = os.path.basename(path)
+        name = base[:-len(".json")]
         if base.startswith("boost_"):
             load_google(path, timings, study, "boost:")
+        elif name in PREFIXED_ONLY:
+            # These binaries share case names (their own floors): only under
+            # "<binary>:<case>", so each ratio stays in one process.
+            ctx = load_google(path, timings, [], name + ":")
+            context = ctx or context
+            if ctx.get("load_avg"):  # the 1-minute load average when it ran
+                timings[name + ":load_avg"] = ctx["load_avg"][0]
         else:
             context = load_google(path, timings, study) or context
-        if base[:-len(".json")] in LIMIT_BENCHES:
-            # These binaries share case names (their own floors): keep a
-            # copy under "<binary>:<case>" so each ratio stays in one process.
-            load_google(path, timings, [], base[:-len(".json")] + ":")
     peers = os.path.join(out, "peers.json")  # make bench-peers (benchmarks/peers.py)
     if os.path.exists(peers):
         with open(peers) as f:
@@ -224,6 +236,9 @@ def targets(t, study):
     a, b = t.get("peak_rss/10000/rss_growth_kb"), t.get("peak_rss/10000000/rss_growth_kb")
     add("`map_unordered` memory growth during the run, 10M inputs vs 10k", (a, b) if a and b
         else None, lambda v: v[1] <= 1.05 * v[0], "{0[1]:.0f} kB vs {0[0]:.0f} kB")
+    allocs = [t[k] for k in t if k.startswith("stats_bench:") and k.endswith("/allocs")]
+    add("stats: no allocation per acquisition (`stats_bench`, most over its cases)",
+        max(allocs) if allocs else None, lambda v: v < 0.001, "{:.3f} allocations/iteration")
     calls = t.get("harness_virtual_calls/calls_per_s")
     add("harness ≥ 1 million simulated calls/s", calls / 1e6 if calls else None,
         lambda v: v >= 1, "{:.2f} million/s")
@@ -386,6 +401,7 @@ def markdown(t, study, target_rows):
                    f"{'—' if a is None or b is None else f'{a / b:.2f}x'} | "
                    f"{fmt_ns(t.get(py)) if py else '—'} |")
     out += limits_table(t)
+    out += stats_table(t)
     out += ["", "**Against DESIGN.md's targets** (generated from `build/bench/report.json`)", "",
             "| target | measured | |", "|---|---|---|"]
     for r in target_rows:
@@ -445,6 +461,42 @@ def limits_table(t):
                    f"{fmt_ns(b)} | {'—' if a is None or b is None else f'{a / b:.2f}x'} |")
     if not any(k.startswith(rb) for k in t):
         out += ["", "(`redis_bench` reports itself skipped where `redis-server` cannot start.)"]
+    return out
+
+
+def stats_table(t):
+    """What keeping stats() costs: each path with stats beside the floor of
+    the same binary (the cost before stats existed needs the headers of the
+    commit before them: docs/operating.md, "What stats cost")."""
+    sb = "stats_bench:"
+    rows = [
+        ("floor: `co_await` of a trivial awaitable", "nested_co_await"),
+        ("`semaphore`: `co_await acquire(); release();` (one increment)",
+         "semaphore_acquire_release"),
+        ("`semaphore`: `co_await scoped_acquire()` + the permit's release (1-in-16 hold sample)",
+         "semaphore_scoped"),
+        ("`lock`: `co_await scoped_acquire()` + the guard's release", "lock_scoped"),
+        ("`shared_semaphore`: `co_await acquire(); release();` (relaxed atomics)",
+         "shared_semaphore_acquire_release"),
+        ("`shared_semaphore`: `co_await scoped_acquire()` + the permit's release",
+         "shared_semaphore_scoped"),
+        ("one `steady_clock::now()` (a timed hold reads two)", "steady_clock_now"),
+        ("one duration into the log buckets", "recorder_record"),
+        ("`semaphore::stats()` read (O(buckets))", "semaphore_stats_read"),
+    ]
+    if not any(sb + case in t for _, case in rows):
+        return []
+    load = t.get(sb + "load_avg")
+    out = ["", "**What stats cost** (`benchmarks/stats_bench.cpp`; CPU ns per iteration with "
+           "stats kept, × the floor of the same binary, heap allocations per iteration"
+           + (f"; load average {load:.1f} during its run" if load is not None else "") + ")", "",
+           "| path | ns | × floor | allocations |", "|---|---|---|---|"]
+    floor = t.get(sb + "nested_co_await")
+    for label, case in rows:
+        v, a = t.get(sb + case), t.get(sb + case + "/allocs")
+        out.append(f"| {label} | {fmt_ns(v)} | "
+                   f"{'—' if v is None or not floor else f'{v / floor:.2f}x'} | "
+                   f"{'—' if a is None else f'{a:.2f}'} |")
     return out
 
 

@@ -16,9 +16,16 @@
 //   metrics_endpoint --virtual
 //       runs the workload in virtual time, prints the metrics, and checks every
 //       value of them against the workload (durations exact); exit 1 if one differs
+//   metrics_endpoint --redis-port 6379 [--port 0] [--scale 0.2]
+//       (built with sluice::redis) also exports two fleet-wide limits on that
+//       Redis server: after the workload above, 4 calls under a
+//       redis::semaphore{2} (100 ms each, scaled) and 5 try_acquire()s of a
+//       redis::rate_limiter{3 per hour}. Their stats() are this process's view;
+//       a fleet sums them over its processes.
 //
-// tests/load/metrics_endpoint_scrape.py (CTest `metrics_endpoint_scrape`)
-// starts it and scrapes it with curl.
+// tests/load/metrics_endpoint_scrape.py (CTest `metrics_endpoint_scrape`, and
+// `metrics_endpoint_scrape_redis` with a redis-server it starts) starts it and
+// scrapes it with curl.
 
 #ifndef SLUICE_USE_BOOST_ASIO
 #error \
@@ -31,6 +38,11 @@
 
 #include <sluice/asio.hpp>
 
+#ifdef SLUICE_EXAMPLE_WITH_REDIS
+#include <sluice/redis/rate_limiter.hpp>
+#include <sluice/redis/semaphore.hpp>
+#endif
+
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/beast/core.hpp>
@@ -41,6 +53,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -190,6 +203,44 @@ asio::awaitable<void> session(tcp::socket socket, const std::vector<exported>& l
   }
 }
 
+#ifdef SLUICE_EXAMPLE_WITH_REDIS
+// Two limits shared by every process on the same Redis server and names.
+struct fleet_limits {
+  explicit fleet_limits(std::shared_ptr<sluice::redis::connection> c)
+      : conn(std::move(c)),
+        cap(conn, "metrics-example", 2, std::chrono::seconds(10)),
+        rpm(conn, "metrics-example:rpm", 3, std::chrono::hours(1)) {}
+  // Releases what is held, stops the semaphore's connections.
+  asio::awaitable<void> close() {
+    co_await cap.close();
+    co_await conn->close();
+  }
+  std::shared_ptr<sluice::redis::connection> conn;
+  sluice::redis::semaphore cap;
+  sluice::redis::rate_limiter rpm;
+};
+
+asio::awaitable<void> fleet_call(fleet_limits& f, sluice::testing::slow_service& api) {
+  auto permit = co_await f.cap.scoped_acquire();  // at most 2 across the fleet
+  co_await api.call("fleet");
+}
+
+// Connects, adds the fleet's limits to the exported ones, runs their workload.
+asio::awaitable<void> fleet_workload(unsigned short redis_port, std::unique_ptr<fleet_limits>& f,
+                                     std::vector<exported>& limits,
+                                     sluice::testing::slow_service& api) {
+  auto conn =
+      co_await sluice::redis::connect(co_await asio::this_coro::executor, "127.0.0.1", redis_port);
+  f = std::make_unique<fleet_limits>(conn);
+  limits.push_back({"fleet_cap", [p = f.get()] { return p->cap.stats(); }});
+  limits.push_back({"fleet_rpm", [p = f.get()] { return p->rpm.stats(); }});
+  std::vector<asio::awaitable<void>> calls;
+  for (int i = 0; i < 4; ++i) calls.push_back(fleet_call(*f, api));
+  co_await sluice::gather(std::move(calls));
+  for (int i = 0; i < 5; ++i) (void)co_await f->rpm.try_acquire();  // 3 fit in the hour
+}
+#endif
+
 asio::awaitable<void> serve(tcp::acceptor& acceptor, const std::vector<exported>& limits) {
   for (;;) {
     beast::error_code ec;
@@ -248,23 +299,38 @@ int run_virtual() {
   return bad == 0 ? 0 : 1;
 }
 
-int run_real(unsigned short port, double scale) {
+int run_real(unsigned short port, double scale, [[maybe_unused]] unsigned short redis_port) {
   asio::io_context ctx;
   limits l(ctx.get_executor());
-  const auto exported_limits = registry(l);
+  auto exported_limits = registry(l);
   sluice::testing::slow_service api(
       {.latency = sluice::testing::latency::fixed(100ms), .time_scale = scale});
   tcp::acceptor acceptor(ctx, {asio::ip::make_address("127.0.0.1"), port});
   std::cout << "metrics_endpoint: listening on http://127.0.0.1:"
             << acceptor.local_endpoint().port() << "/metrics" << std::endl;
   asio::co_spawn(ctx, serve(acceptor, exported_limits), asio::detached);
-  asio::co_spawn(ctx, workload(l, api), [](std::exception_ptr e) {
+#ifdef SLUICE_EXAMPLE_WITH_REDIS
+  std::unique_ptr<fleet_limits> fleet;  // destroyed before ctx
+#endif
+  auto all = [&]() -> asio::awaitable<void> {
+    co_await workload(l, api);
+#ifdef SLUICE_EXAMPLE_WITH_REDIS
+    if (redis_port != 0) co_await fleet_workload(redis_port, fleet, exported_limits, api);
+#endif
+  };
+  asio::co_spawn(ctx, all(), [](std::exception_ptr e) {
     if (e) std::rethrow_exception(e);
     std::cout << "metrics_endpoint: workload done" << std::endl;
   });
   asio::signal_set signals(ctx, SIGINT, SIGTERM);
   signals.async_wait([&](beast::error_code, int) {
     acceptor.close();
+#ifdef SLUICE_EXAMPLE_WITH_REDIS
+    if (fleet) {
+      asio::co_spawn(ctx, fleet->close(), [&](std::exception_ptr) { ctx.stop(); });
+      return;
+    }
+#endif
     ctx.stop();
   });
   ctx.run();
@@ -275,6 +341,7 @@ int run_real(unsigned short port, double scale) {
 
 int main(int argc, char** argv) {
   unsigned short port = 0;
+  unsigned short redis_port = 0;
   double scale = 0.2;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
@@ -283,13 +350,17 @@ int main(int argc, char** argv) {
       port = static_cast<unsigned short>(std::atoi(argv[++i]));
     } else if (a == "--scale" && i + 1 < argc) {
       scale = std::atof(argv[++i]);
+#ifdef SLUICE_EXAMPLE_WITH_REDIS
+    } else if (a == "--redis-port" && i + 1 < argc) {
+      redis_port = static_cast<unsigned short>(std::atoi(argv[++i]));
+#endif
     } else {
-      std::cerr << "usage: metrics_endpoint [--port N] [--scale S] | --virtual\n";
+      std::cerr << "usage: metrics_endpoint [--port N] [--scale S] [--redis-port N] | --virtual\n";
       return 2;
     }
   }
   try {
-    return run_real(port, scale);
+    return run_real(port, scale, redis_port);
   } catch (const std::exception& e) {
     std::cerr << "metrics_endpoint: " << e.what() << '\n';
     return 1;

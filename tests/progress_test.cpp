@@ -3,6 +3,7 @@
 #include <sluice/gather.hpp>
 #include <sluice/map_unordered.hpp>
 #include <sluice/progress.hpp>
+#include <sluice/stop_source.hpp>
 #include <sluice/task_group.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
@@ -19,8 +20,10 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -154,6 +157,51 @@ TEST_CASE("progress of an unbounded gather over a lazy range has no total", "[pr
         std::vector<row>{{200, std::nullopt, 3, 2, 0, 1, 0}, {300, std::nullopt, 3, 3, 0, 0, 0}});
 }
 
+TEST_CASE("progress of a variadic gather totals its tasks and keeps the tuple result",
+          "[progress]") {
+  virtual_loop loop;
+  recorder r;
+  auto done = [&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(200ms);
+  };
+  auto out = loop.run(sluice::gather(nap(100, 1), nap(300, 2), done(), record(r, 150ms)));
+  static_assert(std::is_same_v<decltype(out), std::tuple<int, int, std::monostate>>);
+  CHECK(std::get<0>(out) == 1);
+  CHECK(std::get<1>(out) == 2);
+  // Due at 150 ms: the first change after it is the void task's end at 200 ms.
+  CHECK(r.rows == std::vector<row>{{200, 3, 3, 2, 0, 1, 0}, {300, 3, 3, 3, 0, 0, 0}});
+  CHECK(loop.now() == 300ms);
+}
+
+TEST_CASE("progress of a settling variadic gather counts the tasks that threw", "[progress]") {
+  virtual_loop loop;
+  recorder r;
+  auto out = loop.run(sluice::gather(nap(100, 7), nap_then_fail(200), nap(300, 9),
+                                     sluice::return_exceptions, record(r, 150ms)));
+  static_assert(
+      std::is_same_v<decltype(out),
+                     std::tuple<sluice::outcome<int>, sluice::outcome<int>, sluice::outcome<int>>>);
+  CHECK(std::get<0>(out).value() == 7);
+  CHECK(!std::get<1>(out).has_value());
+  CHECK(std::get<2>(out).value() == 9);
+  CHECK(r.rows == std::vector<row>{{200, 3, 3, 1, 1, 1, 0}, {300, 3, 3, 2, 1, 0, 0}});
+}
+
+TEST_CASE("progress of a failing variadic gather counts the cancelled sibling", "[progress]") {
+  virtual_loop loop;
+  recorder r;
+  CHECK_THROWS_WITH(loop.run(sluice::gather(nap_then_fail(100), nap(1000), record(r))),
+                    "task failed");
+  CHECK(r.rows == std::vector<row>{{100, 2, 2, 0, 2, 0, 0}});
+  CHECK(loop.now() == 100ms);
+  // A single task with progress, and a progress passed as an lvalue (copied).
+  recorder r2;
+  auto p = record(r2, 0s);
+  auto one = loop.run(sluice::gather(nap(50, 5), p));
+  CHECK(std::get<0>(one) == 5);
+  CHECK(r2.rows.back() == row{50, 1, 1, 1, 0, 0, 0});
+}
+
 TEST_CASE("progress of an empty gather is one end report", "[progress]") {
   virtual_loop loop;
   recorder r;
@@ -281,6 +329,40 @@ TEST_CASE("progress of a task_group reports children, with those waiting for a s
                                    {2500, none, 6, 4, 0, 2, 0},
                                    {3000, none, 6, 5, 0, 1, 0},
                                    {3500, none, 6, 6, 0, 0, 0}});
+}
+
+TEST_CASE("progress of a stopped task_group counts the cancelled children, not the unstarted",
+          "[progress]") {
+  virtual_loop loop;
+  recorder r;
+  sluice::stop_source stop;
+  auto child = [](int ms) -> asio::awaitable<void> {
+    co_await sluice::sleep(milliseconds(ms));
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::gather(
+        sluice::task_group::run(
+            2,
+            [&](sluice::task_group& g) -> asio::awaitable<void> {
+              g.spawn(child(200));
+              for (int i = 0; i < 4; ++i) g.spawn(child(1000));
+              co_return;
+            },
+            stop, record(r, 100ms)),
+        [&]() -> asio::awaitable<void> {
+          co_await sluice::sleep(500ms);
+          stop.request(300ms);  // the two running get 300 ms, then are cancelled
+        }());
+  });
+  // 200: the short child ends, a long one starts (report, next due at 300).
+  // The stop at 500 drops the two waiting (they never start) and cancels the
+  // running two at 800: the first to end is the first change due (a report),
+  // the second is the end.
+  const auto none = std::nullopt;
+  CHECK(r.rows == std::vector<row>{{200, none, 3, 1, 0, 2, 2},
+                                   {800, none, 3, 1, 1, 1, 0},
+                                   {800, none, 3, 1, 2, 0, 0}});
+  CHECK(loop.now() == 800ms);
 }
 
 TEST_CASE("a fan-out without progress keeps its state as it was", "[progress]") {

@@ -32,6 +32,9 @@ using sluice::redis::reply;
 using sluice_test::connect_to;
 using sluice_test::run_for;
 using sluice_test::sleep_ms;
+using sluice_test::migration;
+using sluice_test::other_port;
+using sluice_test::owner_port;
 
 namespace {
 
@@ -48,17 +51,6 @@ seeds_t seeds_of(const sluice_test::redis_cluster& c, std::size_t n = 1) {
   for (std::size_t i = 0; i < n && i < c.ports().size(); ++i)
     s.emplace_back("127.0.0.1", static_cast<std::uint16_t>(c.ports()[i]));
   return s;
-}
-
-// The port of the node serving `slot` (asked of the node at `port`).
-asio::awaitable<int> owner_port(int port, int slot) {
-  auto c = co_await connect_to(port);
-  reply r = co_await c->execute("CLUSTER", "SLOTS");
-  co_await c->close();
-  for (const auto& e : r.elements)
-    if (e.elements.at(0).integer <= slot && slot <= e.elements.at(1).integer)
-      co_return static_cast<int>(e.elements.at(2).elements.at(1).integer);
-  co_return -1;
 }
 
 asio::awaitable<long long> stat_calls(sluice::redis::connection& c, const std::string& cmd) {
@@ -229,65 +221,6 @@ TEST_CASE("a cluster connection rejects db != 0, MULTI, and a node that is not i
   }());
 }
 
-namespace {
-
-// The node ids and admin connections of a slot migration from `from` to `to`.
-struct migration {
-  std::shared_ptr<sluice::redis::connection> src, dst;
-  std::string src_id, dst_id;
-  std::vector<int> ports;
-  int slot;
-
-  static asio::awaitable<migration> begin(int slot, int from, int to, std::vector<int> ports) {
-    migration m;
-    m.slot = slot;
-    m.ports = std::move(ports);
-    m.src = co_await connect_to(from);
-    m.dst = co_await connect_to(to);
-    m.src_id = (co_await m.src->execute("CLUSTER", "MYID")).str;
-    m.dst_id = (co_await m.dst->execute("CLUSTER", "MYID")).str;
-    const std::string s = std::to_string(slot);
-    co_await m.dst->execute("CLUSTER", "SETSLOT", s, "IMPORTING", m.src_id);
-    co_await m.src->execute("CLUSTER", "SETSLOT", s, "MIGRATING", m.dst_id);
-    co_return m;
-  }
-
-  // MIGRATE the slot's keys, `batch` at a time.
-  asio::awaitable<void> move_keys(int to_port, int batch = 1000) const {
-    for (;;) {
-      reply keys = co_await src->execute("CLUSTER", "GETKEYSINSLOT", std::to_string(slot),
-                                         std::to_string(batch));
-      if (keys.elements.empty()) co_return;
-      std::vector<std::string> cmd{"MIGRATE", "127.0.0.1", std::to_string(to_port), "", "0",
-                                   "5000", "KEYS"};
-      for (const auto& k : keys.elements) cmd.push_back(k.str);
-      co_await src->execute(std::move(cmd));
-    }
-  }
-
-  // SETSLOT NODE on the target, the source, then the others (as redis-cli does).
-  asio::awaitable<void> finish() const {
-    const std::string s = std::to_string(slot);
-    co_await dst->execute("CLUSTER", "SETSLOT", s, "NODE", dst_id);
-    co_await src->execute("CLUSTER", "SETSLOT", s, "NODE", dst_id);
-    for (int p : ports) {
-      auto c = co_await connect_to(p);
-      const std::string id = (co_await c->execute("CLUSTER", "MYID")).str;
-      if (id != src_id && id != dst_id) co_await c->execute("CLUSTER", "SETSLOT", s, "NODE", dst_id);
-      co_await c->close();
-    }
-    co_await src->close();
-    co_await dst->close();
-  }
-};
-
-int other_port(const std::vector<int>& ports, int not_this) {
-  for (int p : ports)
-    if (p != not_this) return p;
-  return -1;
-}
-
-}  // namespace
 
 TEST_CASE("ASK is followed during a migration and MOVED after it, keeping the order of a slot",
           "[redis][cluster]") {
@@ -305,10 +238,15 @@ TEST_CASE("ASK is followed during a migration and MOVED after it, keeping the or
     auto m = co_await migration::begin(slot, from, to, cluster.ports());
     CHECK((co_await conn->execute("GET", "{mig}a")).str == "1");  // still at the source
     co_await conn->execute("SET", "{mig}new", "2");                // not at the source: ASK
-    co_await m.move_keys(to, 1);
+    co_await m.move_keys(1);
     CHECK((co_await conn->execute("GET", "{mig}a")).str == "1");   // moved: ASK
     CHECK((co_await conn->execute("GET", "{mig}new")).str == "2");
     CHECK(co_await stat_calls(*dst_admin, "asking") >= 3);
+    // A script the target does not know yet, asked of it after ASKING.
+    const std::string sha =
+        (co_await conn->execute("SCRIPT", "LOAD", "return redis.call('GET', KEYS[1])")).str;
+    co_await dst_admin->execute("SCRIPT", "FLUSH");
+    CHECK((co_await conn->execute("EVALSHA", sha, "1", "{mig}a")).str == "1");
     // 300 pipelined INCRs of one key race the end of the migration (ASK, then MOVED).
     std::vector<long long> got;
     for (int i = 0; i < 300; ++i)
@@ -548,7 +486,7 @@ TEST_CASE("50 semaphores and 50 rate limiters over 3 processes hold their caps w
       const int to = other_port(cluster.ports(), from);
       auto m = co_await migration::begin(slot, from, to, cluster.ports());
       co_await sleep_ms(150);
-      co_await m.move_keys(to, slot == sem_slot ? 1000 : 1);
+      co_await m.move_keys(slot == sem_slot ? 1000 : 1);
       co_await sleep_ms(150);
       co_await m.finish();
       CHECK(co_await owner_port(cluster.ports()[0], slot) == to);
@@ -580,4 +518,117 @@ TEST_CASE("50 semaphores and 50 rate limiters over 3 processes hold their caps w
                                    << "/50 semaphores reached their cap; fleet-sem-7 granted again "
                                    << resume_ms << " ms after its slot moved");
   ::munmap(shm, sizeof(fleet_shm));
+}
+
+TEST_CASE("a cancelled cluster call completes at once and later calls of its slot stay in order; "
+          "close() fails what is pending",
+          "[redis][cluster]") {
+  auto& cluster = shared_cluster();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    auto conn = co_await sluice::redis::connect_cluster(ex, seeds_of(cluster));
+    // BLPOP answers nil after 0.3 s; its caller is cancelled after 50 ms.
+    asio::cancellation_signal sig;
+    bool blpop_done = false;
+    sluice::error_code blpop_ec;
+    conn->async_execute({"BLPOP", "{cancel}list", "0.3"},
+                        asio::bind_cancellation_slot(sig.slot(), [&](sluice::error_code ec, reply) {
+                          blpop_done = true;
+                          blpop_ec = ec;
+                        }));
+    std::string behind;
+    conn->async_execute({"ECHO", "behind"}, [&](sluice::error_code, reply r) { behind = r.str; });
+    long long incr = 0;
+    conn->async_execute({"INCR", "{cancel}n"}, [&](sluice::error_code, reply r) { incr = r.integer; });
+    co_await sleep_ms(50);
+    sig.emit(asio::cancellation_type::terminal);
+    co_await sleep_ms(10);
+    CHECK(blpop_done);
+    CHECK(blpop_ec == asio::error::operation_aborted);
+    CHECK(incr == 0);  // same slot, behind the BLPOP on the same socket
+    CHECK(conn->pending() >= 2);
+    CHECK((co_await conn->execute("GET", "{cancel}n")).str == "1");  // after the BLPOP and INCR
+    CHECK(behind == "behind");
+    CHECK(conn->pending() == 0);
+    // close(): a blocked call fails with errc::closed, later ones too.
+    sluice::error_code closed_ec;
+    conn->async_execute({"BLPOP", "{cancel}list", "5"},
+                        [&](sluice::error_code ec, reply) { closed_ec = ec; });
+    co_await sleep_ms(20);
+    co_await conn->close();
+    co_await sleep_ms(5);
+    CHECK(closed_ec == sluice::redis::make_error_code(sluice::redis::errc::closed));
+    auto later = co_await sluice_test::error_of(conn->execute("PING"));
+    CHECK(later == sluice::redis::make_error_code(sluice::redis::errc::closed));
+    CHECK_FALSE(conn->is_open());
+  }());
+}
+
+TEST_CASE("a node that stops answering fails its calls within command_timeout; the others go on",
+          "[redis][cluster]") {
+  auto& cluster = shared_cluster();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    sluice::redis::options o;
+    o.command_timeout = 300ms;
+    auto conn = co_await sluice::redis::connect_cluster(ex, seeds_of(cluster), o);
+    // Two keys on two different nodes.
+    std::string stalled_key, live_key;
+    int stalled_port = 0;
+    for (int i = 0; stalled_key.empty() || live_key.empty(); ++i) {
+      const std::string k = "stall:" + std::to_string(i);
+      const int port = co_await owner_port(cluster.ports()[0], sluice::redis::key_slot(k));
+      if (port == cluster.ports()[1] && stalled_key.empty()) {
+        stalled_key = k;
+        stalled_port = port;
+      } else if (port != cluster.ports()[1] && live_key.empty()) {
+        live_key = k;
+      }
+    }
+    co_await conn->execute("SET", stalled_key, "1");
+    auto admin = co_await connect_to(stalled_port);
+    co_await admin->execute("CLIENT", "PAUSE", "800", "ALL");  // a stall, as SIGSTOP would
+    const auto t0 = std::chrono::steady_clock::now();
+    auto ec = co_await sluice_test::error_of(conn->execute("GET", stalled_key));
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    CHECK(ec == sluice::redis::make_error_code(sluice::redis::errc::timed_out));
+    CHECK(waited >= 250ms);
+    CHECK(waited < 790ms);
+    co_await conn->execute("SET", live_key, "2");  // another node: unaffected
+    CHECK((co_await conn->execute("GET", live_key)).str == "2");
+    co_await sleep_ms(600);
+    CHECK((co_await conn->execute("GET", stalled_key)).str == "1");  // reconnected
+    co_await admin->close();
+    co_await conn->close();
+  }());
+}
+
+TEST_CASE("redis.md: a semaphore and a rate limiter moved to a cluster by one line", "[docs]") {
+  auto& cluster = shared_cluster();
+  const auto port = static_cast<std::uint16_t>(cluster.ports()[0]);
+  asio::io_context ctx;
+  std::size_t free_during = 0, free_after = 0;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    // clang-format off
+std::vector<std::pair<std::string, std::uint16_t>> seeds{{"127.0.0.1", port}};   // some of the nodes
+sluice::redis::options o;                        // AUTH, TLS, timeouts as for connect(); db must be 0
+o.command_timeout = std::chrono::seconds(1);
+auto conn = co_await sluice::redis::connect_cluster(ex, seeds, o);
+sluice::redis::semaphore cap{conn, "places-api", 5, std::chrono::seconds(5)};   // unchanged
+sluice::redis::rate_limiter rpm{conn, "places-api:rpm", 60, std::chrono::minutes(1)};
+    // clang-format on
+    {
+      auto permit = co_await cap.scoped_acquire();
+      co_await rpm.acquire();
+      free_during = co_await cap.value();
+    }
+    free_after = co_await cap.value();
+    co_await cap.close();
+    co_await conn->close();
+  }());
+  CHECK(free_during == 4);
+  CHECK(free_after == 5);
 }

@@ -2,6 +2,8 @@
 // sluice::redis::rate_limiter against a real redis-server, with several processes.
 #include <sluice/redis/rate_limiter.hpp>
 
+#include <sluice/stats.hpp>
+
 #include <support/asio.hpp>
 #include <support/redis_run.hpp>
 #include <support/redis_server.hpp>
@@ -10,6 +12,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -148,4 +152,77 @@ TEST_CASE("rate_limiter rejects limits above 2^53 and names that break the hash 
   CHECK_THROWS_AS(rl(conn, "}{x", 1, std::chrono::seconds(1)), std::invalid_argument);
   CHECK_NOTHROW(rl(conn, "fine", 1, std::chrono::seconds(1)));
   run_for(ctx, conn->close());
+}
+
+namespace {
+
+// Polls `cond` every 2 ms for up to 2 s.
+asio::awaitable<void> until(const std::function<bool()>& cond) {
+  for (int i = 0; i < 1000 && !cond(); ++i) co_await sleep_ms(2);
+  if (!cond()) throw std::runtime_error("the condition never held");
+}
+
+}  // namespace
+
+TEST_CASE("redis::rate_limiter stats count grants, throttles, waits and this client's window",
+          "[redis_rate_limiter]") {
+  const int port = shared_redis_server().port();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto conn = co_await connect_to(port);
+    sluice::redis::rate_limiter rl{conn, "stats-rl", 4, 400ms};
+    sluice::stats s = rl.stats();
+    CHECK(s.acquired == 0);
+    CHECK(s.limit == 4);
+    CHECK(s.in_use == 0);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    co_await rl.acquire();
+    co_await rl.acquire(2);  // counts once, 2 units
+    const bool one_more = co_await rl.try_acquire();
+    CHECK(one_more);
+    const bool full = co_await rl.try_acquire();  // refused: throttled
+    CHECK_FALSE(full);
+    s = rl.stats();
+    CHECK(s.acquired == 3);
+    CHECK(s.throttled == 1);
+    CHECK(s.in_use == 4);
+    CHECK(s.wait.count == 3);
+    CHECK(s.hold.count == 0);
+
+    // A waiter cancelled while it sleeps: throttled and cancelled, takes nothing.
+    asio::cancellation_signal sig;
+    sluice::error_code cancelled_ec = asio::error::would_block;
+    rl.async_acquire(
+        1, sluice_test::bind_slot(sig.slot(), [&](sluice::error_code ec) { cancelled_ec = ec; }));
+    co_await until([&] { return rl.stats().throttled == 2; });
+    CHECK(rl.stats().waiting == 1);
+    sig.emit(asio::cancellation_type::terminal);
+    co_await until([&] { return cancelled_ec != asio::error::would_block; });
+    CHECK(cancelled_ec == asio::error::operation_aborted);
+    s = rl.stats();
+    CHECK(s.cancelled == 1);
+    CHECK(s.waiting == 0);
+    CHECK(s.acquired == 3);
+
+    // Over the limit: waits until the first start leaves the window (400 ms after t0).
+    const auto t1 = std::chrono::steady_clock::now();
+    co_await rl.acquire();
+    const auto t2 = std::chrono::steady_clock::now();
+    s = rl.stats();
+    CHECK(s.acquired == 4);
+    CHECK(s.throttled == 3);
+    CHECK(s.wait.count == 4);
+    CHECK(s.wait.max <= t2 - t1);
+    CHECK(s.wait.max + 5ms >= t0 + 400ms - t1);  // 5 ms: the server's clock against ours
+    CHECK(s.in_use <= 4);                        // the first start may have left locally
+
+    // A window later nothing of this client's is in it.
+    co_await sleep_ms(450);
+    s = rl.stats();
+    CHECK(s.in_use == 0);
+    CHECK(s.acquired == 4);
+    CHECK(s.waiting == 0);
+    co_await conn->close();
+  }());
 }

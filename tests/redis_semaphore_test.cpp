@@ -2,6 +2,8 @@
 // sluice::redis::semaphore against a real redis-server, with several processes.
 #include <sluice/redis/semaphore.hpp>
 
+#include <sluice/stats.hpp>
+
 #include <support/asio.hpp>
 #include <support/redis_run.hpp>
 #include <support/redis_server.hpp>
@@ -10,6 +12,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -395,4 +399,124 @@ TEST_CASE("redis-server stopped mid-run: waiters fail clearly; restarted: holder
         co_await b->close();
       }(),
       30s);
+}
+
+namespace {
+
+// Polls `cond` every 2 ms for up to 2 s.
+asio::awaitable<void> until(const std::function<bool()>& cond) {
+  for (int i = 0; i < 1000 && !cond(); ++i) co_await sleep_ms(2);
+  if (!cond()) throw std::runtime_error("the condition never held");
+}
+
+}  // namespace
+
+TEST_CASE("redis::semaphore stats count this client's grants, waits, holds and cancellations",
+          "[redis_semaphore]") {
+  const int port = shared_redis_server().port();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto conn = co_await connect_to(port);
+    auto other_conn = co_await connect_to(port);
+    sluice::redis::semaphore sem{conn, "stats-sem", 3, 2000ms};
+    sluice::redis::semaphore other{other_conn, "stats-sem", 3, 2000ms};  // another client
+    auto ex = co_await asio::this_coro::executor;
+
+    sluice::stats s = sem.stats();
+    CHECK(s.acquired == 0);
+    CHECK(s.limit == 3);
+    CHECK(s.in_use == 0);
+    CHECK(s.wait.count == 0);
+
+    // The other client holds one permit: the fleet has 2 free, this client holds none.
+    auto theirs = co_await other.scoped_acquire();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto mine = co_await sem.scoped_acquire();  // held 150 ms+
+    co_await sem.acquire();                     // a bare acquire, released by release()
+    const auto t1 = std::chrono::steady_clock::now();
+    s = sem.stats();
+    CHECK(s.acquired == 2);
+    CHECK(s.in_use == 2);
+    CHECK(s.waiting == 0);
+    CHECK(s.wait.count == 2);
+    CHECK(s.wait.total <= t1 - t0);  // each wait is a round trip inside [t0, t1]
+    CHECK(s.hold.count == 0);        // nothing released yet
+    CHECK(other.stats().in_use == 1);
+    const std::size_t fleet_free = co_await sem.value();  // the fleet-wide view
+    CHECK(fleet_free == 0);
+
+    // A waiter that is granted when `mine` is released, 150 ms after it queued.
+    std::chrono::steady_clock::time_point asked{}, granted{};
+    bool waiter_done = false;
+    asio::co_spawn(
+        ex,
+        [&]() -> asio::awaitable<void> {
+          asked = std::chrono::steady_clock::now();
+          auto p = co_await sem.scoped_acquire();
+          granted = std::chrono::steady_clock::now();
+          co_await sleep_ms(50);
+        },
+        [&](std::exception_ptr e) {
+          waiter_done = true;
+          if (e) std::rethrow_exception(e);
+        });
+    // A waiter cancelled while it waits, holding nothing.
+    asio::cancellation_signal sig;
+    sluice::error_code cancelled_ec = asio::error::would_block;
+    sem.async_acquire(
+        sluice_test::bind_slot(sig.slot(), [&](sluice::error_code ec) { cancelled_ec = ec; }));
+    co_await until([&] { return sem.local_waiters() == 2; });
+    s = sem.stats();
+    CHECK(s.waiting == 2);
+    CHECK(s.in_use == 2);
+    const bool refused = co_await sem.try_acquire();  // nobody barges past the line
+    CHECK_FALSE(refused);
+    sig.emit(asio::cancellation_type::terminal);
+    co_await until([&] { return cancelled_ec != asio::error::would_block; });
+    CHECK(cancelled_ec == asio::error::operation_aborted);
+    s = sem.stats();
+    CHECK(s.cancelled == 1);
+    CHECK(s.waiting == 1);
+
+    co_await sleep_ms(150);
+    const auto released_mine = std::chrono::steady_clock::now();
+    mine.reset();  // hands the permit to the waiter (through the server)
+    co_await until([&] { return waiter_done; });
+    sem.release();  // the bare acquire's permit
+    const auto t2 = std::chrono::steady_clock::now();
+    theirs.reset();
+
+    s = sem.stats();
+    CHECK(s.acquired == 3);
+    CHECK(s.cancelled == 1);
+    CHECK(s.throttled == 0);
+    CHECK(s.waiting == 0);
+    CHECK(s.in_use == 0);
+    CHECK(s.limit == 3);
+    CHECK(s.wait.count == 3);
+    // The waiter waited from `asked` until after `mine` was released.
+    CHECK(s.wait.max >= released_mine - asked);
+    CHECK(s.wait.max <= granted - asked);
+    CHECK(s.wait.max >= 150ms);
+    CHECK(s.hold.count == 3);    // the permit, the waiter's permit, the bare acquire
+    CHECK(s.hold.max >= 150ms);  // `mine` (and the bare one) were held from t1 to past 150 ms
+    CHECK(s.hold.min >= 50ms);   // the waiter's
+    CHECK(s.hold.max <= t2 - t0);
+    CHECK(other.stats().acquired == 1);
+    CHECK(other.stats().hold.count == 1);
+
+    // try_acquire counts when it grants.
+    const bool got = co_await sem.try_acquire();
+    CHECK(got);
+    sem.release();
+    s = sem.stats();
+    CHECK(s.acquired == 4);
+    CHECK(s.wait.count == 4);
+    CHECK(s.hold.count == 4);
+
+    co_await sem.close();
+    co_await other.close();
+    co_await conn->close();
+    co_await other_conn->close();
+  }());
 }

@@ -592,3 +592,24 @@ TEST_CASE("an async source that sometimes yields inline feeds for_each without a
     CHECK(now == 0);
   }
 }
+
+// ---- tasks that complete at once ------------------------------------------
+
+TEST_CASE("a consumer reading tasks that complete at once gets every result in order of completion",
+          "[stream]") {
+  // A worker runs such tasks inline until the slots are full, then parks; the
+  // consumer drains the buffer and the worker refills it: limits 1, 2, 64.
+  for (std::size_t limit : {std::size_t{1}, std::size_t{2}, std::size_t{64}}) {
+    virtual_loop loop;
+    std::vector<int> seen;
+    auto fn = [](int i) -> asio::awaitable<int> {
+      co_return i;
+    };
+    loop.run([&]() -> asio::awaitable<void> {
+      auto s = sluice::map_unordered(fn, iota_vec(500), limit);
+      while (auto x = co_await s.next()) seen.push_back(*x);
+    });
+    INFO("limit " << limit);
+    CHECK(seen == iota_vec(500));
+  }
+}

@@ -382,6 +382,10 @@ asio::awaitable<bool> wait_then_take(const Budgets& bs, Parts& parts,
   co_return false;
 }
 
+struct all_held_access;
+// What an all_held holds: one part per budget, filled once taken.
+template <class... B>
+using all_parts = std::tuple<std::optional<typename B::held>...>;
 }  // namespace detail
 
 /// What `sluice::acquire_all` took: the permits it holds (released on
@@ -395,17 +399,12 @@ asio::awaitable<bool> wait_then_take(const Budgets& bs, Parts& parts,
 /// releases without feedback), a permit-like handle for a `semaphore`
 /// (`reset()`), and for a `rate_limiter` / `token_bucket` the start it
 /// recorded (`.at`, `.n`).
-namespace detail {
-struct all_held_access;
-// What an all_held holds: one part per budget, filled once taken.
-template <class... B>
-using all_parts = std::tuple<std::optional<typename B::held>...>;
-}  // namespace detail
-
 template <class... Budgets>
 class all_held {
  public:
+  /// Takes over what `o` holds; `o` is left holding nothing.
   all_held(all_held&&) noexcept = default;
+  /// Releases what this holds, then takes over what `o` holds.
   all_held& operator=(all_held&&) noexcept = default;
   all_held(const all_held&) = delete;
   all_held& operator=(const all_held&) = delete;

@@ -60,10 +60,60 @@ concept for_each_call =
     for_each_body<Body, typename stream_traits<std::remove_cvref_t<S>>::value_type,
                   typename stream_traits<std::remove_cvref_t<S>>::executor_type>;
 
+// A body that returns void or bool, run by the stream's workers on each
+// result that finishes while for_each waits in next() (the stream's sink):
+// the caller's cancellation is checked before each result, as in the loop.
+template <class T, class Executor, class Body>
+struct body_sink : stream_access::sink<T, Executor> {
+  using base = stream_access::sink<T, Executor>;
+  using verdict = typename base::verdict;
+  explicit body_sink(Body& b) noexcept : base{&take}, body(&b) {}
+  static verdict take(base& self, T& value) noexcept {
+    auto& me = static_cast<body_sink&>(self);
+    if (me.state.cancelled() != asio::cancellation_type::none) return verdict::refused;
+    using result = std::invoke_result_t<Body&, T>;
+    try {
+      if constexpr (std::is_void_v<result>) {
+        std::invoke(*me.body, std::move(value));
+        return verdict::taken;
+      } else if constexpr (std::is_same_v<result, bool>) {
+        return std::invoke(*me.body, std::move(value)) ? verdict::taken : verdict::stop;
+      } else {
+        return verdict::refused;  // an awaitable body is never a sink
+      }
+    } catch (...) {
+      me.error = std::current_exception();
+      return verdict::stop;
+    }
+  }
+  Body* body;
+  asio::cancellation_state state;
+  std::exception_ptr error;  // the body's, when it threw
+};
+
+// Installs a sink on a stream for the duration of one next() wait.
+template <class T, class Executor>
+class sink_scope {
+ public:
+  sink_scope(stream<T, Executor>& s, stream_access::sink<T, Executor>* k) noexcept : s_(&s) {
+    stream_access::set_sink(s, k);
+  }
+  sink_scope(const sink_scope&) = delete;
+  sink_scope& operator=(const sink_scope&) = delete;
+  ~sink_scope() {
+    stream_access::set_sink(*s_, static_cast<stream_access::sink<T, Executor>*>(nullptr));
+  }
+
+ private:
+  stream<T, Executor>* s_;
+};
+
 template <class T, class Executor, class Body>
 asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
   using result = std::invoke_result_t<Body&, T>;
+  constexpr bool sync_body = std::is_void_v<result> || std::is_same_v<result, bool>;
   std::exception_ptr error;
+  [[maybe_unused]] body_sink<T, Executor, Body> sink(body);
   try {
     for (;;) {
       // A caller cancelled before the call (with throw_if_cancelled off) or
@@ -75,8 +125,25 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
       // only when none does (it waits, starts the stream, or ends it).
       std::optional<T> r;
       if (!stream_access::try_take(s, r)) {
-        r = co_await s.next();
+        if constexpr (sync_body) {
+          // While next() waits, the workers hand each result that finishes
+          // to the body themselves (the stream's sink): no buffer, no resume
+          // of this coroutine per result. next() returns at the end, on a
+          // stop or a failure, or with a result the sink refused because
+          // this caller's cancellation was requested (checked again below).
+          sink.state = state;
+          sink_scope<T, Executor> scope(s, &sink);
+          r = co_await s.next();
+          if (sink.error) std::rethrow_exception(sink.error);
+        } else {
+          r = co_await s.next();
+        }
         if (!r) break;
+        if constexpr (sync_body) {
+          const auto now = co_await asio::this_coro::cancellation_state;
+          if (now.cancelled() != asio::cancellation_type::none)
+            throw system_error(asio::error::operation_aborted, "sluice::for_each");
+        }
       }
       bool go_on = true;
       if constexpr (std::is_void_v<result>) {
@@ -93,7 +160,8 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
       if (!go_on) break;
     }
   } catch (...) {
-    error = std::current_exception();
+    // The body's exception wins, also over a cancellation it caused.
+    error = sink.error ? sink.error : std::current_exception();
   }
   // Every way out: stop the stream and wait for every task, even if this
   // coroutine's cancellation was requested (throw_if_cancelled off). The
@@ -121,7 +189,13 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
 /// before the next result is read; the stream's tasks keep running meanwhile,
 /// bounded by its limit). Results that already wait are taken straight from
 /// the stream, without suspending and without a `next()` call each, in the
-/// order `next()` would hand them out; each frees its slot when taken.
+/// order `next()` would hand them out; each frees its slot when taken. While
+/// `for_each` waits, a body that returns `void` or `bool` is called by the
+/// stream's worker whose task has just finished, still on this executor, one
+/// result at a time and in completion order, and without resuming this
+/// coroutine per result; the slots of those results go back (and the workers
+/// waiting for one resume) in one post per wave, so results that finish
+/// together all reach the body before any of their slots pulls a new input.
 ///
 /// On every way out — the end of the stream, `false`, an exception from the
 /// body, a failure of the stream, cancellation of the caller — `for_each`

@@ -157,6 +157,9 @@ class map_core final
           }
         }
       }
+      // The input being processed (empty between tasks); one per worker,
+      // not one per task.
+      std::optional<input_value> input;
       while (!c->ending()) {
         if (!c->may_pull()) {
           co_await c->park();
@@ -164,7 +167,6 @@ class map_core final
           continue;
         }
         c->take_slot();
-        std::optional<input_value> input;
         if constexpr (is_async) {
           std::exception_ptr input_error;
           c->begin_pull();
@@ -203,9 +205,29 @@ class map_core final
         }
         c->kick();  // a free slot may take the next input now
         // The task, awaited inline (no frame of ours around it).
-        std::optional<task_value> value;
         c->task_started();
         c->progress_.started();
+        if constexpr (!Settle && !Filter && !std::is_void_v<result_type>) {
+          // The common case: the result goes straight to deliver().
+          bool task_done = false;
+          try {
+            result_type r = co_await std::invoke(c->fn_, std::move(*input));
+            task_done = true;
+            c->task_ended();
+            c->progress_.ended(false);
+            input.reset();
+            c->deliver(self, std::move(r));
+          } catch (...) {
+            if (task_done) throw;  // the machinery's, not the task's (see below)
+            c->task_ended();
+            c->progress_.ended(true);
+            input.reset();
+            c->give_back_slot(false);
+            c->fail(std::current_exception(), self, true);
+          }
+          continue;
+        }
+        std::optional<task_value> value;
         try {
           if constexpr (std::is_void_v<result_type>) {
             co_await std::invoke(c->fn_, std::move(*input));
@@ -218,7 +240,7 @@ class map_core final
           c->progress_.ended(true);
           input.reset();
           if constexpr (Settle) {
-            c->deliver(std::current_exception());
+            c->deliver(self, std::current_exception());
           } else {
             c->give_back_slot(false);
             c->fail(std::current_exception(), self, true);
@@ -233,11 +255,11 @@ class map_core final
             c->give_back_slot();
             continue;
           }
-          c->deliver(std::move(**value));
+          c->deliver(self, std::move(**value));
         } else if constexpr (Settle && std::is_void_v<result_type>) {
-          c->deliver();
+          c->deliver(self);
         } else {
-          c->deliver(std::move(*value));
+          c->deliver(self, std::move(*value));
         }
       }
     } catch (...) {

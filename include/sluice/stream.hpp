@@ -42,6 +42,14 @@ struct stream_access {
   [[gnu::always_inline]] static bool try_take(stream<T, Executor>& s, std::optional<T>& out) {
     return s.core_ && s.core_->try_take(out);
   }
+  // The consumer that takes results from the workers while next() waits
+  // (sluice::for_each's synchronous body); null: none.
+  template <class T, class Executor>
+  using sink = typename stream_core<T, Executor>::sink;
+  template <class T, class Executor>
+  static void set_sink(stream<T, Executor>& s, sink<T, Executor>* k) noexcept {
+    if (s.core_) s.core_->set_sink(k);
+  }
 };
 }  // namespace detail
 

@@ -2,152 +2,16 @@
 #ifndef SLUICE_TESTS_SUPPORT_REDIS_CLUSTER_HPP
 #define SLUICE_TESTS_SUPPORT_REDIS_CLUSTER_HPP
 
-// A private Redis Cluster for one test (or example): `nodes` primaries
-// (`redis-server --cluster-enabled yes`, no persistence, each with its
-// nodes.conf in a temporary directory) on free loopback ports whose cluster
-// bus ports (port + 10000) are free too, joined by `redis-cli --cluster
-// create --cluster-yes`, waited for until every node says cluster_state:ok.
-// Killed (SIGKILL) and its directory removed when destroyed.
+// examples/support/redis_cluster.hpp (shared with examples/fleet.cpp), its names in
+// sluice_test for the tests.
 
+#include <support/redis_run.hpp>
 #include <support/redis_server.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <optional>
-#include <string>
-#include <thread>
-#include <vector>
+#include <examples/support/redis_cluster.hpp>
 
 namespace sluice_test {
-
-// True if nobody listens on 127.0.0.1:port and it can be bound now.
-inline bool port_bindable(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  ::close(fd);
-  return ok;
-}
-
-// The output of a shell command (stdout), or nullopt if it failed.
-inline std::optional<std::string> shell_output(const std::string& cmd) {
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int rc = ::pclose(p);
-  if (rc != 0) return std::nullopt;
-  return out;
-}
-
-class redis_cluster {
- public:
-  static std::optional<redis_cluster> start(int nodes = 3) {
-    if (find_program("redis-server").empty() || find_program("redis-cli").empty())
-      return std::nullopt;
-    redis_cluster c;
-    char tmpl[] = "/tmp/sluice-cluster-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) return std::nullopt;
-    c.dir_ = tmpl;
-    for (int i = 0; i < nodes; ++i)
-      if (!c.launch_one()) return std::nullopt;
-    std::string create = "redis-cli --cluster create";
-    for (int p : c.ports_) create += " 127.0.0.1:" + std::to_string(p);
-    create += " --cluster-yes >/dev/null 2>&1";
-    if (!shell_output(create)) return std::nullopt;
-    for (int i = 0; i < 200; ++i) {
-      bool ok = true;
-      for (int p : c.ports_) {
-        auto info = shell_output("redis-cli -p " + std::to_string(p) + " cluster info");
-        ok = ok && info && info->find("cluster_state:ok") != std::string::npos;
-      }
-      if (ok) return c;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return std::nullopt;
-  }
-
-  redis_cluster(redis_cluster&& o) noexcept
-      : ports_(std::move(o.ports_)), pids_(std::move(o.pids_)), dir_(std::move(o.dir_)) {
-    o.pids_.clear();
-    o.dir_.clear();
-  }
-  redis_cluster& operator=(redis_cluster&&) = delete;
-  ~redis_cluster() {
-    for (pid_t pid : pids_) {
-      ::kill(pid, SIGKILL);
-      ::kill(pid, SIGCONT);
-      wait_process(pid);
-    }
-    std::error_code ec;
-    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
-  }
-
-  const std::vector<int>& ports() const { return ports_; }
-  const std::string& dir() const { return dir_; }
-
- private:
-  redis_cluster() = default;
-
-  bool launch_one() {
-    for (int attempt = 0; attempt < 20; ++attempt) {
-      const int port = free_port();
-      if (port <= 0 || port > 55000 || !port_bindable(port + 10000)) continue;
-      const std::string d = dir_ + "/" + std::to_string(port);
-      std::filesystem::create_directories(d);
-      const pid_t pid = spawn_process(
-          {"redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1",
-           "--cluster-enabled", "yes", "--cluster-config-file", d + "/nodes.conf",
-           "--cluster-node-timeout", "5000", "--dir", d, "--save", "", "--appendonly", "no",
-           "--daemonize", "no", "--loglevel", "warning", "--logfile", "/dev/null"},
-          true);
-      if (pid <= 0) return false;
-      for (int i = 0; i < 300; ++i) {
-        if (ping(port)) {
-          ports_.push_back(port);
-          pids_.push_back(pid);
-          return true;
-        }
-        int status = 0;
-        if (::waitpid(pid, &status, WNOHANG) == pid) break;  // exited: a port was taken
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      ::kill(pid, SIGKILL);
-      wait_process(pid);
-    }
-    return false;
-  }
-
-  std::vector<int> ports_;
-  std::vector<pid_t> pids_;
-  std::string dir_;
-};
-
-// Starts a cluster, or ends the test binary with skip_exit_code and a message.
-inline redis_cluster cluster_or_skip(int nodes = 3) {
-  auto c = redis_cluster::start(nodes);
-  if (!c) {
-    std::fprintf(stderr,
-                 "SKIPPED: could not start a Redis Cluster (redis-server with cluster support "
-                 "and redis-cli; Debian: redis-server, redis-tools)\n");
-    std::fflush(stderr);
-    std::_Exit(skip_exit_code);
-  }
-  return std::move(*c);
-}
-
+using namespace sluice_examples;
 }  // namespace sluice_test
 
 #endif  // SLUICE_TESTS_SUPPORT_REDIS_CLUSTER_HPP

@@ -7,7 +7,9 @@
 #include <sluice/detail/asio.hpp>
 
 #include <memory>
+#include <new>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace sluice::detail {
@@ -50,18 +52,25 @@ class owning_post {
 };
 
 // A type-erased, move-only completion handler for signature void(Args...).
-// Invariant: holds at most one handler; complete() consumes it.
+// Invariant: holds at most one handler; complete() consumes it. The erased
+// operation comes from Asio's recycling allocator (the thread's cache of
+// recently freed blocks), not the heap: a stream parks and wakes a worker and
+// its consumer once per wave of results.
 template <class... Args>
 class erased_handler {
   struct base {
-    virtual ~base() = default;
     virtual void post(Args... args) = 0;
     virtual void invoke(Args... args) = 0;
     virtual void clear_slot() = 0;
+    virtual void destroy() noexcept = 0;
+
+   protected:
+    ~base() = default;
   };
   template <class Handler, class Executor>
   struct impl final : base {
     impl(Handler&& h, const Executor& ex) : handler(std::move(h)), fallback(ex) {}
+    ~impl() = default;
     void post(Args... args) override {
       post_completion(std::move(handler), fallback, std::move(args)...);
     }
@@ -73,16 +82,37 @@ class erased_handler {
       auto slot = asio::get_associated_cancellation_slot(handler);
       if (slot.is_connected()) slot.clear();
     }
+    void destroy() noexcept override {
+      asio::recycling_allocator<impl> alloc;
+      this->~impl();
+      alloc.deallocate(this, 1);
+    }
     Handler handler;
     Executor fallback;
   };
+  struct destroyer {
+    void operator()(base* p) const noexcept { p->destroy(); }
+  };
+  using owner = std::unique_ptr<base, destroyer>;
+
+  template <class Handler, class Executor>
+  static owner make(Handler&& h, const Executor& fallback) {
+    using op = impl<std::decay_t<Handler>, Executor>;
+    asio::recycling_allocator<op> alloc;
+    op* p = alloc.allocate(1);
+    try {
+      return owner(::new (static_cast<void*>(p)) op(std::forward<Handler>(h), fallback));
+    } catch (...) {
+      alloc.deallocate(p, 1);
+      throw;
+    }
+  }
 
  public:
   erased_handler() = default;
   template <class Handler, class Executor>
   erased_handler(Handler&& h, const Executor& fallback)
-      : impl_(std::make_unique<impl<std::decay_t<Handler>, Executor>>(std::forward<Handler>(h),
-                                                                      fallback)) {}
+      : impl_(make(std::forward<Handler>(h), fallback)) {}
 
   explicit operator bool() const noexcept { return impl_ != nullptr; }
 
@@ -105,7 +135,7 @@ class erased_handler {
   }
 
  private:
-  std::unique_ptr<base> impl_;
+  owner impl_;
 };
 
 }  // namespace sluice::detail

@@ -198,68 +198,67 @@ class loop_service final : public asio::execution_context::service {
 // the loop's shutdown destroys the handler (its slot cleared first) while the
 // context still lives; the frame then lets go of the state.
 //
-// Attached exactly while a handler is held (under the life's mutex: an
-// io_context run by several threads runs handlers of different strands at
-// once). Not movable: the hook's address is linked.
+// Attached to its context's life from the first hold until it is destroyed
+// (or holds a handler of another context, or the context ends), whether or
+// not it holds a handler right now: a stream's consumer waits once per wave
+// of results, and attaching takes the life's mutex (an io_context run by
+// several threads runs handlers of different strands at once). At the end
+// a held handler is dropped; an empty one is just detached. Not movable: the
+// hook's address is linked.
 template <class... Args>
 class loop_held_handler : private loop_hook {
  public:
   loop_held_handler() noexcept { on_end = &drop; }
   loop_held_handler(const loop_held_handler&) = delete;
   loop_held_handler& operator=(const loop_held_handler&) = delete;
-  ~loop_held_handler() { let_go(); }
+  ~loop_held_handler() { detach(); }
 
   // Holds `h` (which completes on its associated executor, else `fallback`).
   template <class Handler, class Executor>
   void hold(Handler&& h, const Executor& fallback) {
     const auto ex = asio::get_associated_executor(h, fallback);
-    let_go();
     handler_ = erased_handler<Args...>(std::forward<Handler>(h), fallback);
     if constexpr (loop_service::has_context<decltype(ex)>) {
       auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
-      if (&ctx != ctx_ || !life_ || !life_->attach(*this)) {
+      if (&ctx != ctx_ || !attached) {
+        detach();
         life_ = loop_service::life_of(ctx);
         ctx_ = &ctx;
         life_->attach(*this);
       }
+    } else {
+      detach();  // nothing to outlive: no context
+      ctx_ = nullptr;
     }
   }
 
   explicit operator bool() const noexcept { return static_cast<bool>(handler_); }
 
   // As erased_handler's.
-  void complete(Args... args) {
-    let_go();
-    handler_.complete(std::move(args)...);
-  }
+  void complete(Args... args) { handler_.complete(std::move(args)...); }
   void clear_slot() { handler_.clear_slot(); }
 
   // Takes the handler out (it is no longer let go at the loop's end).
-  erased_handler<Args...> release() noexcept {
-    let_go();
-    return std::move(handler_);
-  }
+  erased_handler<Args...> release() noexcept { return std::move(handler_); }
 
   // Destroys a held handler unrun.
-  void reset() noexcept {
-    let_go();
-    handler_ = erased_handler<Args...>();
-  }
+  void reset() noexcept { handler_ = erased_handler<Args...>(); }
 
  private:
-  void let_go() noexcept {
+  void detach() noexcept {
     if (attached) life_->detach(*this);
   }
 
   static void drop(loop_hook* hook) noexcept {
     auto* self = static_cast<loop_held_handler*>(hook);
-    if (self->handler_) self->handler_.clear_slot();
+    if (!self->handler_) return;
+    self->handler_.clear_slot();
     // The frame may own the state that owns *self: touch nothing after this.
     erased_handler<Args...> dead = std::move(self->handler_);
   }
 
   erased_handler<Args...> handler_;
-  std::shared_ptr<loop_life> life_;         // of ctx_ (kept between holds: a cache)
+  std::shared_ptr<loop_life> life_;         // of ctx_ (kept between holds)
   asio::execution_context* ctx_ = nullptr;  // compared only, never dereferenced
 };
 

@@ -52,12 +52,12 @@ class range_cursor {
     begin_once();
     return *it_ == *end_;
   }
-  // Takes the current element and advances. Precondition: !done(). An owned
+  // Takes the current element and advances. Precondition: !done() (which
+  // began the range). An owned
   // range's elements are moved out; a borrowed (lvalue) range belongs to the
   // caller and is copied from, never emptied (a lazy view's prvalues are
   // moved either way).
   auto take() {
-    begin_once();
     if constexpr (std::is_lvalue_reference_v<R>) {
       auto value = **it_;
       ++*it_;

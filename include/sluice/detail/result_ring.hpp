@@ -38,6 +38,16 @@ class result_ring {
   // Precondition: !empty().
   T& front() noexcept { return data_[head_]; }
 
+  // has_room(): emplace_back_in_room() may be called (no growth needed).
+  static constexpr bool can_check_room = true;
+  [[nodiscard]] bool has_room() const noexcept { return size_ != cap_; }
+  // Precondition: has_room().
+  template <class... A>
+  void emplace_back_in_room(A&&... a) {
+    ::new (static_cast<void*>(data_ + ((head_ + size_) & (cap_ - 1)))) T(std::forward<A>(a)...);
+    ++size_;
+  }
+
   // Strong guarantee: if growing or T's constructor throws, nothing changed
   // but (perhaps) the capacity (T nothrow-movable or copyable: see the
   // specialization below for the others).
@@ -101,6 +111,7 @@ requires(!std::is_nothrow_move_constructible_v<T> &&
   result_ring(const result_ring&) = delete;
   result_ring& operator=(const result_ring&) = delete;
 
+  static constexpr bool can_check_room = false;
   [[nodiscard]] bool empty() const noexcept { return items_.empty(); }
   [[nodiscard]] std::size_t size() const noexcept { return items_.size(); }
   T& front() noexcept { return items_.front(); }

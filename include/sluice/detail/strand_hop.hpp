@@ -55,6 +55,68 @@ struct hop_forward_cancel {
   }
 };
 
+// Hands on what a successful call produced, for a caller that will never see
+// it (strand_bound's pass-on: a permit released, a start kept, a result
+// dropped).
+template <class R, class Lost>
+void hand_on(hop_box<R>& box, Lost& lost) {
+  if constexpr (std::is_void_v<R>) {
+    lost();
+  } else {
+    lost(std::move(*box.value));
+  }
+}
+
+// The caller's completion in flight to its executor. Run, it resumes the
+// caller. Dropped unrun (the caller's loop destroyed with it queued), it hands
+// a successful call's result on first (posts only: thread-safe), then the
+// handler, the caller's frame, dies there with its loop.
+template <class R, class Handler, class Lost>
+class hop_completion {
+  // Not `executor_type`: Asio would take the completion for a handler with an
+  // executor of its own.
+  using work_executor = asio::associated_executor_t<Handler, asio::any_io_executor>;
+
+ public:
+  hop_completion(Handler&& h, asio::executor_work_guard<work_executor>&& w, std::exception_ptr e,
+                 std::shared_ptr<hop_box<R>> b, Lost&& lost)
+      : handler_(std::move(h)), work_(std::move(w)), error_(std::move(e)), box_(std::move(b)),
+        lost_(std::move(lost)) {}
+  hop_completion(hop_completion&& o)
+      : handler_(std::move(o.handler_)), work_(std::move(o.work_)), error_(std::move(o.error_)),
+        box_(std::move(o.box_)), lost_(std::move(o.lost_)) {
+    o.handler_.reset();
+  }
+  hop_completion& operator=(hop_completion&&) = delete;
+  ~hop_completion() {
+    if (!handler_) return;  // run, or moved from
+    if (!error_) {
+      try {
+        hand_on(*box_, lost_);
+      } catch (...) {  // out of memory for the release's post: nothing else to do
+      }
+    }
+    auto slot = asio::get_associated_cancellation_slot(*handler_);
+    if (slot.is_connected()) slot.clear();
+  }
+
+  void operator()() {
+    Handler h(std::move(*handler_));
+    handler_.reset();
+    auto slot = asio::get_associated_cancellation_slot(h);
+    if (slot.is_connected()) slot.clear();
+    work_.reset();
+    std::move(h)(error_);
+  }
+
+ private:
+  std::optional<Handler> handler_;
+  asio::executor_work_guard<work_executor> work_;
+  std::exception_ptr error_;
+  std::shared_ptr<hop_box<R>> box_;
+  Lost lost_;
+};
+
 // The caller's side of one call: its handler and a work guard on its
 // executor (that loop keeps running while the call is on the strand), shared
 // by the strand side until the completion is posted. A hook on the caller's
@@ -86,17 +148,19 @@ struct hop_return final : loop_hook {
     if (life) life->attach(*this);  // false only for a context already shut down
   }
 
-  // On the strand: posts the caller's completion to its executor. False when
-  // the caller's loop has ended: nothing was posted, the caller is gone.
-  bool resume(std::exception_ptr e) {
+  // On the strand: posts the caller's completion (which takes `lost` along)
+  // to its executor. False when the caller's loop has ended: nothing was
+  // posted, the caller is gone, `lost` is left to the strand side.
+  template <class Lost>
+  bool resume(std::exception_ptr e, const std::shared_ptr<hop_box<R>>& b, Lost& lost) {
     if (!life) {  // no loop behind the handler: nothing can die first
-      post(std::move(e));
+      post(std::move(e), b, lost);
       return true;
     }
     const auto lock = life->lock();
     if (!attached) return false;
     life->detach(*this);
-    post(std::move(e));
+    post(std::move(e), b, lost);
     return true;
   }
 
@@ -118,16 +182,11 @@ struct hop_return final : loop_hook {
   }
 
  private:
-  // The handler and the guard travel in the post: if the caller's loop drops
-  // it unrun, they die with that loop (the frame with its context).
-  void post(std::exception_ptr e) {
+  template <class Lost>
+  void post(std::exception_ptr e, const std::shared_ptr<hop_box<R>>& b, Lost& lost) {
     auto ex = work->get_executor();
-    asio::post(ex, [h = std::move(*handler), w = std::move(*work), e]() mutable {
-      auto slot = asio::get_associated_cancellation_slot(h);
-      if (slot.is_connected()) slot.clear();
-      w.reset();
-      std::move(h)(e);
-    });
+    asio::post(ex, hop_completion<R, Handler, Lost>(std::move(*handler), std::move(*work),
+                                                    std::move(e), b, std::move(lost)));
     handler.reset();
     work.reset();
   }
@@ -143,7 +202,7 @@ struct hop_return final : loop_hook {
 // The strand coroutine's completion handler (runs on the strand): marks the
 // call finished and posts the caller's completion to the caller's executor.
 // If the caller's loop is gone, a successful call's result goes to `lost`
-// instead (strand_bound's pass-on: a permit released, a start kept).
+// instead.
 template <class R, class Handler, class Lost>
 struct hop_finish {
   std::shared_ptr<hop_box<R>> box;
@@ -151,12 +210,8 @@ struct hop_finish {
   Lost lost;
   void operator()(std::exception_ptr e) {
     box->finished = true;
-    if (caller->resume(e) || e) return;
-    if constexpr (std::is_void_v<R>) {
-      lost();
-    } else {
-      lost(std::move(*box->value));
-    }
+    if (caller->resume(e, box, lost) || e) return;
+    hand_on(*box, lost);
   }
 };
 
@@ -224,9 +279,10 @@ struct hop_initiation {
 // The caller's cancellation is forwarded to it. First, on the strand, fast()
 // (void calls only): true means the call is done without waiting (a free
 // permit taken by try_acquire), and no coroutine is started. If the caller's
-// loop is destroyed before the call ends, the caller's frame goes with it and
-// a successful call's result is handed to lost() on the strand (lost(R), or
-// lost() for void). Precondition: the caller is not on `strand`
+// loop is destroyed before the caller resumed, the caller's frame goes with
+// it and a successful call's result is handed to lost() (lost(R), or lost()
+// for void): on the strand, or on the thread that destroys that loop when the
+// completion was already queued there. Precondition: the caller is not on `strand`
 // (strand_bound calls make() directly there).
 template <class R, class Make, class Lost, class Fast = no_fast_path>
 asio::awaitable<R> hop(asio::any_io_executor strand, Make make, Lost lost, Fast fast = {}) {

@@ -17,6 +17,7 @@
 #include <optional>
 #include <stdexcept>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -106,17 +107,18 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   }
 
   static asio::awaitable<std::optional<T>, Executor> next(next_ref c) {
-    if (c->consumer_)
-      throw std::logic_error(
-          "sluice::stream::next: another next() is still waiting; a stream has one consumer");
     // A result already waiting is handed out at once, whatever the caller's
-    // cancellation state (a stream not started yet has none).
+    // cancellation state (a stream not started yet has none). While another
+    // next() waits, nothing is buffered (a result wakes it at once).
     if (std::optional<T> out; c->try_take(out)) co_return out;
     co_return co_await wait_next(c->shared_from_this());
   }
 
   // next() when no result waits: starts the stream, waits, ends or reports.
   static asio::awaitable<std::optional<T>, Executor> wait_next(std::shared_ptr<stream_core> c) {
+    if (c->consumer_)
+      throw std::logic_error(
+          "sluice::stream::next: another next() is still waiting; a stream has one consumer");
     // A caller whose cancellation was requested before this call (only
     // possible with throw_if_cancelled(false): Asio throws at the co_await
     // otherwise) starts nothing, and is otherwise treated as one cancelled
@@ -172,6 +174,22 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     return true;
   }
 
+  // A synchronous consumer that takes results straight from the workers
+  // while it waits in next(): sluice::for_each with a body that returns void
+  // or bool. take() runs the body on a finished result (see hand_to_sink()):
+  // taken (go on), stop (the body returned false or threw: the sink keeps the
+  // exception), or refused (the consumer's cancellation was requested: the
+  // result is buffered as usual and next() hands it out). Never throws. Set
+  // only while that next() waits.
+  struct sink {
+    enum class verdict { taken, stop, refused };
+    verdict (*take)(sink& self, T& value) noexcept;
+  };
+  void set_sink(sink* s) noexcept {
+    wanted_sink_ = s;
+    if (s == nullptr) sink_ = nullptr;
+  }
+
   // The stream has already been stopped (abandon()) by stream::close(). The
   // join and the close of the input run with throw_if_cancelled off, so a
   // caller whose cancellation was already requested still waits for every
@@ -212,7 +230,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
 
   // True if this worker may take a slot and pull now; otherwise it parks.
   [[nodiscard]] bool may_pull() const noexcept { return used_ < limit_ && !pulling_; }
-  [[nodiscard]] bool ending() const noexcept { return stopping_ || exhausted_; }
+  [[nodiscard]] bool ending() const noexcept { return ending_; }
 
   // Waits until kick() or a stop wakes this worker. No cancellation handler:
   // every stop wakes all parked workers itself.
@@ -233,14 +251,40 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   void end_pull() { pulling_ = false; }
   void input_exhausted() {
     exhausted_ = true;
+    ending_ = true;
     kick();
   }
   void task_started() { ++running_; }
   void task_ended() { --running_; }
 
-  // A finished task's result (its slot stays taken until next() hands it out).
+  // A finished task's result, from worker `self` (its slot stays taken until
+  // next() hands it out). With a sink waiting and nothing buffered before it,
+  // the sink takes it here (hand_to_sink()).
   template <class... A>
-  void deliver(A&&... a) {
+  [[gnu::always_inline]] void deliver(std::size_t self, A&&... a) {
+    if (sink_ != nullptr) {
+      if constexpr (sizeof...(A) == 1 && (std::is_same_v<std::remove_cvref_t<A>, T> && ...)) {
+        hand_to_sink(self, a...);
+      } else if constexpr (sizeof...(A) == 0) {
+        T value{};
+        hand_to_sink(self, value);
+      } else {
+        T value(std::forward<A>(a)...);
+        hand_to_sink(self, value);
+      }
+      return;
+    }
+    if constexpr (result_ring<T>::can_check_room) {
+      if (!stopping_ && buffer_.has_room()) {
+        buffer_.emplace_back_in_room(std::forward<A>(a)...);
+        notify_consumer();
+        return;
+      }
+    }
+    buffer_result(std::forward<A>(a)...);
+  }
+  template <class... A>
+  [[gnu::noinline]] void buffer_result(A&&... a) {
     if (stopping_) {
       give_back_slot();
       return;
@@ -326,6 +370,50 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     }
   }
 
+  // The waiting sink (sluice::for_each's body) takes `value` here, in the
+  // worker that finished it: no buffer, no consumer resumed per result. The
+  // body runs on the consumer's executor (consumer_on_ex_), one result at a
+  // time, in completion order (only with nothing buffered). Its slot is not
+  // given back at once but by one post per wave (release_taken()), which also
+  // resumes the parked workers: results finishing together (a burst) are all
+  // handed to the body before any freed slot pulls an input, as when next()
+  // reads them. A body that returns false or throws (the sink keeps its
+  // exception) stops the stream, its running tasks but `self` cancelled;
+  // next() ends once every worker has left.
+  [[gnu::always_inline]] void hand_to_sink(std::size_t self, T& value) {
+    const auto v = sink_->take(*sink_, value);
+    if (v == sink::verdict::taken) [[likely]] {
+      if (taken_++ == 0) post_release();
+      return;
+    }
+    sink_declined(self, value, v);
+  }
+  [[gnu::noinline]] void post_release() {
+    asio::post(*ex_, [self = this->shared_from_this()] { self->release_taken(); });
+  }
+  [[gnu::noinline]] void sink_declined(std::size_t self, T& value, typename sink::verdict v) {
+    if (v == sink::verdict::refused) {
+      buffer_.emplace_back(std::move(value));
+      notify_consumer();
+      return;
+    }
+    give_back_slot(false);
+    stop(self);
+    error_ = nullptr;
+    notify_consumer();
+  }
+
+  // The slots of the results the sink took since the last call go back, and
+  // the parked workers resume here, one after the other, for as long as slots
+  // are free (their kicks deferred to this loop, as in resume_consumer()).
+  void release_taken() {
+    used_ -= std::exchange(taken_, 0);
+    const bool outer = std::exchange(deferring_kicks_, true);
+    kick();
+    deferring_kicks_ = outer;
+    if (std::exchange(kick_deferred_, false)) resume_parked();
+  }
+
   // Wakes the first parked worker through a post that looks again when it
   // runs: if no slot is free by then (the worker that kicked has filled them
   // all itself, as one running short tasks inline does), the worker stays
@@ -357,6 +445,8 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
 
   void stop(std::size_t except = child_set::none) {
     stopping_ = true;
+    ending_ = true;
+    sink_ = nullptr;
     children_->cancel_all(except);
     wake_all();
   }
@@ -382,6 +472,10 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
           // to another strand) is completed by a post of its own.
           consumer_on_ex_ = asio::get_associated_executor(handler, *ex_) == *ex_;
           consumer_.hold(std::move(handler), *ex_);
+          // The sink (if any) takes results while this consumer waits: it
+          // runs on the workers' executor, the buffer is empty (next() found
+          // nothing), nothing stopped. Every way the wait ends clears it.
+          if (consumer_on_ex_ && !stopping_ && !cancel_now) sink_ = wanted_sink_;
           if (cancel_now) cancel_consumer();
         },
         token);
@@ -402,6 +496,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     if (consumer_cancelled_) {
       if (live_ != 0) return;
       consumer_cancelled_ = false;
+      sink_ = nullptr;
       consumer_.complete(asio::error::operation_aborted);
     } else if (!buffer_.empty() || finished()) {
       resume_consumer();
@@ -415,6 +510,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   // in the same posted function right after the consumer (resume_parked()).
   // The workers still run only after the consumer has suspended.
   void resume_consumer() {
+    sink_ = nullptr;
     if (!consumer_on_ex_) {
       consumer_.complete(error_code());
       return;
@@ -425,23 +521,25 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     });
   }
 
-  // Runs `h` here with the kicks deferred; true if one was.
+  // Runs `h` here with the kicks deferred; true if one was. Nests: a run
+  // inside another (a worker resumed by release_taken() inside
+  // resume_parked()) leaves the outer run deferring.
   template <class Handler, class... A>
   bool run_deferring_kicks(Handler& h, A... a) {
-    deferring_kicks_ = true;
+    const bool outer = std::exchange(deferring_kicks_, true);
     try {
       h.complete_here(a...);
     } catch (...) {
       // A handler that throws out of the loop: the deferred wake goes by a
       // post of its own, so the stream does not stall if the loop runs on.
-      deferring_kicks_ = false;
-      if (std::exchange(kick_deferred_, false)) {
+      deferring_kicks_ = outer;
+      if (!outer && std::exchange(kick_deferred_, false)) {
         --waking_;
         kick();
       }
       throw;
     }
-    deferring_kicks_ = false;
+    deferring_kicks_ = outer;
     return std::exchange(kick_deferred_, false);
   }
 
@@ -470,6 +568,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   std::deque<erased_handler<>> parked_;
   loop_held_handler<error_code> consumer_;  // let go if its loop dies first
   std::exception_ptr error_;
+  sink* wanted_sink_ = nullptr;        // for_each's body, set around its next()
+  sink* sink_ = nullptr;               // the same while that next() waits (see async_wait)
+  std::size_t taken_ = 0;              // slots of results the sink took, not yet given back
   std::shared_ptr<stream_core> self_;  // see next_ref
   std::size_t next_refs_ = 0;
   std::size_t used_ = 0;
@@ -481,6 +582,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   bool pulling_ = false;
   bool exhausted_ = false;
   bool stopping_ = false;
+  bool ending_ = false;  // exhausted_ || stopping_: no input will be pulled any more
   bool consumer_cancelled_ = false;
   bool consumer_on_ex_ = true;    // the waiting consumer runs on ex_
   bool deferring_kicks_ = false;  // inside resume_consumer()'s post

@@ -56,9 +56,14 @@ namespace sluice::redis {
 ///   read again, and the command is sent to the new owner.
 /// - `ASK slot host:port` (a slot being migrated): `ASKING` and the command are
 ///   sent to that node, for this command only.
-/// - `TRYAGAIN` (a multi-key command whose keys are split by a migration) and
-///   `CLUSTERDOWN`: sent again after 1, 2, 4 ... 100 ms, for as long as
-///   `o.command_timeout` (5 s if zero) from the call; then the error reply.
+/// - `TRYAGAIN` (a multi-key command whose keys are split by a migration),
+///   `CLUSTERDOWN`, and a script aborted for touching a "non local key" (in
+///   a migrating slot, a script that emptied a key and then wrote it again):
+///   sent again after 1, 2, 4 ... 100 ms, for as long as `o.command_timeout`
+///   (5 s if zero) from the call; then the error reply. An aborted script's
+///   writes before that point stand (Redis does not roll back): sluice's
+///   scripts only trimmed or re-drew a waiter's ticket by then; make your own
+///   scripts safe to run again, or not delete and re-create keys.
 /// - `NOSCRIPT` for a script this connection loaded (`SCRIPT LOAD` goes to the
 ///   default node, its source is remembered): loaded on that node, sent again.
 /// At most 16 `MOVED`/`ASK` per call; past that the error reply is the result.

@@ -189,18 +189,17 @@ class connection {
     co_await asio::this_coro::throw_if_cancelled(was);
   }
 
-  /// A new, independent connection to the same server (same endpoints), e.g.
-  /// for SUBSCRIBE, which takes a connection for itself. Throws
-  /// `sluice::system_error` if it cannot connect.
+  /// A new, independent connection to the same server (same endpoints, same
+  /// options; for a `connect_sentinel()` connection: the current primary,
+  /// followed across failovers), e.g. for SUBSCRIBE, which takes a connection
+  /// for itself. Throws `sluice::system_error` if it cannot connect.
   [[nodiscard]] asio::awaitable<std::shared_ptr<connection>> connect_again() const {
     if (cluster_) {  // named operation: g++ 12 may destroy a co_await operand's temporaries twice
       auto op = sluice::detail::redis_cluster_open(cluster_->executor(), cluster_->primaries(),
                                                    cluster_->opts());
       co_return co_await std::move(op);
     }
-    auto io = std::make_shared<sluice::detail::redis_io>(io_->executor(), io_->endpoints(),
-                                                         io_->tcp(), io_->opts());
-    auto c = std::make_shared<connection>(io);
+    auto c = std::make_shared<connection>(io_->clone());
     co_await c->reconnect();
     co_return c;
   }
@@ -248,6 +247,28 @@ class connection {
 }  // namespace sluice::redis
 
 namespace sluice::detail {
+// The endpoints of `o`: its Unix socket, its numeric host, or its host name
+// resolved (once).
+inline asio::awaitable<std::vector<redis_io::endpoint_type>> redis_resolve(
+    asio::any_io_executor ex, const redis::options& o) {
+  std::vector<redis_io::endpoint_type> eps;
+  if (!o.unix_path.empty()) {
+    eps.emplace_back(asio::local::stream_protocol::endpoint(o.unix_path));
+    co_return eps;
+  }
+  error_code ec;
+  const auto address = asio::ip::make_address(o.host, ec);
+  if (!ec) {
+    eps.emplace_back(asio::ip::tcp::endpoint(address, o.port));
+  } else {
+    asio::ip::tcp::resolver resolver(ex);
+    auto results =
+        co_await resolver.async_resolve(o.host, std::to_string(o.port), asio::use_awaitable);
+    for (const auto& entry : results) eps.emplace_back(entry.endpoint());
+  }
+  co_return eps;
+}
+
 inline asio::awaitable<std::shared_ptr<redis::connection>> redis_open(
     asio::any_io_executor ex, std::vector<redis_io::endpoint_type> eps, bool tcp,
     redis::options opts) {
@@ -306,22 +327,8 @@ namespace sluice::redis {
 /// @endcode
 [[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect(asio::any_io_executor ex,
                                                                           options o) {
-  std::vector<sluice::detail::redis_io::endpoint_type> eps;
   const bool tcp = o.unix_path.empty();
-  if (!tcp) {
-    eps.emplace_back(asio::local::stream_protocol::endpoint(o.unix_path));
-  } else {
-    error_code ec;
-    const auto address = asio::ip::make_address(o.host, ec);
-    if (!ec) {
-      eps.emplace_back(asio::ip::tcp::endpoint(address, o.port));
-    } else {
-      asio::ip::tcp::resolver resolver(ex);
-      auto results =
-          co_await resolver.async_resolve(o.host, std::to_string(o.port), asio::use_awaitable);
-      for (const auto& entry : results) eps.emplace_back(entry.endpoint());
-    }
-  }
+  auto eps = co_await sluice::detail::redis_resolve(ex, o);
   const bool handshake = !o.password.empty() || o.db != 0;
   auto c = co_await sluice::detail::redis_open(ex, std::move(eps), tcp, std::move(o));
   if (handshake) co_await c->execute("PING");  // answered after AUTH/SELECT: they were accepted

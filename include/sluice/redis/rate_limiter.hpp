@@ -4,14 +4,17 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/stats_recorder.hpp>
 #include <sluice/lock.hpp>
 #include <sluice/redis/connection.hpp>
 #include <sluice/redis/detail/script.hpp>
+#include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
 #include <chrono>
 #include <cstddef>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <stdexcept>
@@ -52,6 +55,26 @@ struct redis_rate_state {
   redis_script acquire{redis_rate_acquire_lua, {}};
   sluice::lock order;  // local waiters, FIFO: one at a time asks the server
   std::size_t waiting = 0;
+  // stats(): this client's grants, throttles and cancelled waits, and its
+  // starts of the last `per` by the local clock (oldest first; trimmed at
+  // each grant, so at most about a window's worth).
+  stats_sink stats;
+  std::deque<std::pair<clock::time_point, std::size_t>> starts;
+
+  void granted(std::size_t n, clock::time_point asked) {
+    const auto now = clock::now();
+    ++stats.acquired;
+    stats.record_wait(now - asked);
+    while (!starts.empty() && starts.front().first <= now - per) starts.pop_front();
+    starts.emplace_back(now, n);
+  }
+  [[nodiscard]] std::size_t in_window() const noexcept {
+    const auto now = clock::now();
+    std::size_t units = 0;
+    for (const auto& [at, n] : starts)
+      if (at > now - per) units += n;
+    return units;
+  }
 };
 
 }  // namespace sluice::detail
@@ -152,15 +175,39 @@ class rate_limiter {
   [[nodiscard]] asio::awaitable<bool> try_acquire(std::size_t n = 1) {
     check(n);
     auto st = st_;
-    if (st->order.locked()) co_return false;
+    const auto asked = detail::clock::now();
+    if (st->order.locked()) {
+      ++st->stats.throttled;
+      co_return false;
+    }
     std::vector<std::string> keys{st->key};
     reply r = co_await detail::redis_eval(*st->conn, st->acquire, std::move(keys),
                                           args(*st, n, "try"), detail::redis_cancel::follow);
-    co_return r.integer == 0;
+    if (r.integer != 0) {
+      ++st->stats.throttled;
+      co_return false;
+    }
+    st->granted(n, asked);
+    co_return true;
   }
 
   /// acquire() calls of this process waiting now.
   [[nodiscard]] std::size_t waiters() const noexcept { return st_->waiting; }
+  /// What this client has done and is doing (see `sluice::stats`), with no
+  /// round trip: this limiter object's view, not the fleet's. `acquired`
+  /// counts its grants (`acquire(n)` once; `try_acquire()` when it grants);
+  /// `throttled` the requests that had to wait (for the window, or behind
+  /// another local waiter) and `try_acquire()` refusals; `cancelled` the
+  /// waits that ended in `operation_aborted`; `wait` times every grant from
+  /// the call, its round trips included; `waiting` is `waiters()`; `in_use`
+  /// the units this client started within the last `per` by its own clock
+  /// (the fleet's window is on the server and is not read); `limit` is
+  /// `calls`; no hold time. A request that failed with the connection counts
+  /// only in `throttled`, if it had to wait. O(buckets + this client's starts
+  /// in the window); read it on the connection's executor.
+  [[nodiscard]] sluice::stats stats() const {
+    return st_->stats.read(st_->waiting, st_->in_window(), st_->calls);
+  }
   /// The Redis key of the window.
   [[nodiscard]] const std::string& key() const noexcept { return st_->key; }
 
@@ -191,28 +238,43 @@ class rate_limiter {
   }
 
   static asio::awaitable<void> acquire_impl(std::shared_ptr<state> st, std::size_t n) {
-    auto cs = co_await asio::this_coro::cancellation_state;
-    if (cs.cancelled() != asio::cancellation_type::none)
-      throw system_error(asio::error::operation_aborted);
-    ++st->waiting;
-    struct count_guard {
-      state& s;
-      ~count_guard() { --s.waiting; }
-    } counted{*st};
-    auto turn = co_await st->order.scoped_acquire();  // throws when cancelled
-    asio::steady_timer timer(st->conn->get_executor());
-    std::vector<std::string> keys{st->key};
-    for (;;) {
-      // Cancelled in flight: the starts may have been recorded; counting a
-      // start that never happens is the safe direction.
-      reply r = co_await detail::redis_eval(*st->conn, st->acquire, keys, args(*st, n, "wait"),
-                                            detail::redis_cancel::follow);
-      if (r.integer == 0) co_return;
+    const auto asked = detail::clock::now();
+    bool throttled = false;
+    auto throttle = [&] {
+      if (!std::exchange(throttled, true)) ++st->stats.throttled;
+    };
+    try {
+      auto cs = co_await asio::this_coro::cancellation_state;
       if (cs.cancelled() != asio::cancellation_type::none)
         throw system_error(asio::error::operation_aborted);
-      timer.expires_after(std::chrono::microseconds(r.integer));
-      auto token = asio::use_awaitable;
-      co_await timer.async_wait(token);  // throws operation_aborted when cancelled
+      ++st->waiting;
+      struct count_guard {
+        state& s;
+        ~count_guard() { --s.waiting; }
+      } counted{*st};
+      if (st->order.locked()) throttle();
+      auto turn = co_await st->order.scoped_acquire();  // throws when cancelled
+      asio::steady_timer timer(st->conn->get_executor());
+      std::vector<std::string> keys{st->key};
+      for (;;) {
+        // Cancelled in flight: the starts may have been recorded; counting a
+        // start that never happens is the safe direction.
+        reply r = co_await detail::redis_eval(*st->conn, st->acquire, keys, args(*st, n, "wait"),
+                                              detail::redis_cancel::follow);
+        if (r.integer == 0) {
+          st->granted(n, asked);
+          co_return;
+        }
+        throttle();
+        if (cs.cancelled() != asio::cancellation_type::none)
+          throw system_error(asio::error::operation_aborted);
+        timer.expires_after(std::chrono::microseconds(r.integer));
+        auto token = asio::use_awaitable;
+        co_await timer.async_wait(token);  // throws operation_aborted when cancelled
+      }
+    } catch (const system_error& e) {
+      if (e.code() == asio::error::operation_aborted) ++st->stats.cancelled;
+      throw;
     }
   }
 

@@ -35,6 +35,10 @@ enum class errc {
   /// The server rejected the `AUTH` or `SELECT` sent after connecting (wrong
   /// password, unknown user, bad database). The connection is dropped.
   handshake_failed,
+  /// A `connect_sentinel()` connection found no primary to connect to: no
+  /// sentinel could be reached, or none reports the master name with a
+  /// primary that is up (for example in the middle of a failover).
+  no_primary,
 };
 
 }  // namespace sluice::redis
@@ -57,6 +61,8 @@ class redis_category final : public error_category {
                "or may not have run)";
       case redis::errc::handshake_failed:
         return "sluice::redis: the server rejected AUTH or SELECT (check user, password, db)";
+      case redis::errc::no_primary:
+        return "sluice::redis: no sentinel reports a primary that is up for this master name";
     }
     return "sluice::redis: unknown error";
   }

@@ -9,6 +9,7 @@
 #include <sluice/redis/detail/semaphore_ops.hpp>
 #include <sluice/redis/detail/semaphore_state.hpp>
 #include <sluice/redis/semaphore_permit.hpp>
+#include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -224,6 +225,8 @@ class semaphore {
     const auto sent = detail::redis_clock::now();
     reply r = co_await detail::redis_sem_eval_or_drop(st, id, st->acquire_args(id, "try"));
     if (r.elements.at(0).integer != 1) co_return false;
+    ++st->stats.acquired;
+    st->stats.record_wait(detail::redis_clock::now() - sent);
     detail::redis_sem_add_held(st, id, r.elements.at(2).integer, sent);
     co_return true;
   }
@@ -268,6 +271,21 @@ class semaphore {
   /// Permits lost so far (once per permit; see the class comment); 0 in a
   /// healthy fleet.
   [[nodiscard]] std::size_t lost() const noexcept { return st_->lost; }
+  /// What this client has done and is doing (see `sluice::stats`), with no
+  /// round trip: this semaphore object's view, not the fleet's. `acquired`
+  /// counts its grants (`try_acquire()` when it grants); `wait` times every
+  /// grant from the call, its round trips included (so no grant waited 0);
+  /// `hold` times every permit from its grant to its release or loss (bare
+  /// `acquire()`/`release()` pairs too); `cancelled` counts waits that ended
+  /// in `operation_aborted` (also when `close()` ended them); `waiting` is
+  /// `local_waiters()`, `in_use` is `held()`, `limit` the permits;
+  /// `throttled` stays 0. A wait that failed with the connection counts in
+  /// none of them. The fleet's view is `co_await value()` and `waiters()`
+  /// (one round trip each). O(buckets), allocates nothing; read it on the
+  /// connection's executor.
+  [[nodiscard]] sluice::stats stats() const noexcept {
+    return st_->stats.read(st_->waiters.size(), st_->held.size(), st_->permits);
+  }
   /// The Redis keys and channel prefix: `sluice:sem:{<name>}:` followed by
   /// `holders`, `queue`, `alive`, `ticket`, `meta`, `fence`, `released`.
   [[nodiscard]] std::string key_prefix() const { return st_->prefix; }

@@ -33,6 +33,7 @@ struct redis_cluster_cmd {
   int slot = -1;                                     // -1: no key (the default node)
   erased_handler<error_code, redis::reply> handler;  // empty once completed (or cancelled)
   std::optional<redis_node_addr> ask;  // next send: ASKING, then the command there
+  bool asked = false;                  // the last send was after an ASKING
   bool load = false;                   // next send: SCRIPT LOAD <source> first
   bool reloaded = false;               // NOSCRIPT handled once
   int redirects = 0;                   // MOVED/ASK followed
@@ -247,10 +248,11 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
     ++l.inflight;
     l.node = to;
     auto& io = *ios_.at(to);
-    if (c->ask) io.submit({"ASKING"}, [](error_code, const redis::reply&) {});
     if (c->load)
       io.submit({"SCRIPT", "LOAD", scripts_.at(c->args.at(1))},
                 [](error_code, const redis::reply&) {});
+    if (c->ask) io.submit({"ASKING"}, [](error_code, const redis::reply&) {});  // just before it
+    c->asked = c->ask.has_value();
     c->ask.reset();
     c->load = false;
     io.submit(c->args, [self = shared_from_this(), c, to](error_code ec, redis::reply r) {
@@ -283,7 +285,13 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
       }
       return true;
     }
-    const bool again = r.str.rfind("TRYAGAIN", 0) == 0;
+    // TRYAGAIN: a multi-key command whose keys a migration split. "non local
+    // key": a script in a migrating slot deleted a key (a trim emptied it) and
+    // then wrote it again; Redis aborted it there, its effects so far stand
+    // (sluice's scripts only trim or re-draw a ticket by then), and it runs
+    // again where the key now belongs.
+    const bool again = r.str.rfind("TRYAGAIN", 0) == 0 ||
+                       r.str.find("non local key in a cluster node") != std::string::npos;
     const bool down = r.str.rfind("CLUSTERDOWN", 0) == 0;
     if (again || down) {
       if (clock::now() - c->started >= budget()) return false;
@@ -298,6 +306,7 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
         scripts_.count(c->args.at(1)) != 0) {
       c->reloaded = true;
       c->load = true;
+      if (c->asked) c->ask = addrs_.at(from);  // the node that said NOSCRIPT, again after ASKING
       return true;
     }
     return false;
@@ -372,7 +381,12 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
       again_ = true;
       return;
     }
-    if (closed_ || ios_.empty()) return;
+    if (closed_ || ios_.empty()) {
+      auto w = std::move(refresh_waiters_);
+      refresh_waiters_.clear();
+      for (auto& h : w) h.complete(redis::make_error_code(redis::errc::closed), std::string());
+      return;
+    }
     refreshing_ = true;
     std::vector<int> order{default_};
     for (int i = 0; i < static_cast<int>(ios_.size()); ++i)

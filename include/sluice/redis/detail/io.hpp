@@ -97,6 +97,31 @@ struct redis_request {
   bool internal = false;  // AUTH/SELECT of the handshake: an error reply drops the connection
 };
 
+class redis_io;
+
+// Where a connection that follows a primary (Sentinel) connects: asked
+// before every connect; shared by a connection and those opened from it with
+// connect_again(), which attach() on creation and detach() on shutdown. It
+// owns the I/O it needs (sentinel queries, the +switch-master watcher) and
+// ends it once every connection of the group has detached.
+class redis_locator {
+ public:
+  using endpoint_type = asio::generic::stream_protocol::endpoint;
+  // What locate() found: where to connect; its host (as the sentinels name
+  // it: TLS checks the certificate against it unless tls_options says) and port.
+  struct found {
+    std::vector<endpoint_type> endpoints;
+    std::string host, port;
+  };
+  virtual ~redis_locator() = default;
+  // Completes `done` later (never inline) with the current primary.
+  virtual void locate(std::function<void(error_code, found)> done) = 0;
+  virtual void attach(const std::shared_ptr<redis_io>& io) = 0;
+  virtual void detach() = 0;
+  // Calls `done` (later, never inline) once the locator's own I/O has ended.
+  virtual void wait_idle(std::function<void()> done) = 0;
+};
+
 // The state behind a redis::connection, shared with its pending I/O handlers.
 //
 // Invariants:
@@ -148,6 +173,28 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   const std::vector<endpoint_type>& endpoints() const noexcept { return endpoints_; }
   bool tcp() const noexcept { return tcp_; }
   const redis::options& opts() const noexcept { return opts_; }
+  const std::shared_ptr<redis_locator>& locator() const noexcept { return locator_; }
+
+  // Follow `loc` (Sentinel): every connect asks it where to go, and a
+  // -READONLY reply (the node was demoted) resets the connection. Once, before use.
+  void set_locator(std::shared_ptr<redis_locator> loc) {
+    locator_ = std::move(loc);
+    locator_->attach(shared_from_this());
+  }
+
+  // A new, unconnected state with the same settings (connect_again()).
+  std::shared_ptr<redis_io> clone() const {
+    auto io = std::make_shared<redis_io>(ex_, endpoints_, tcp_, opts_);
+    if (locator_) io->set_locator(locator_);
+    return io;
+  }
+
+  // The primary moved to `host` (a +switch-master): drops an open socket to
+  // anywhere else; the next call locates it.
+  void relocate(const std::string& host, const std::string& port) {
+    if (state_ == state::open && !(host == host_ && port == port_))
+      fail(redis::make_error_code(redis::errc::connection_lost));
+  }
   state current() const noexcept { return state_; }
   std::size_t pending() const noexcept { return pending_.size(); }
 
@@ -198,6 +245,16 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   // Completes once no socket operation is outstanding (after shutdown()).
   template <class Handler>
   void wait_idle(Handler&& handler) {
+    if (locator_) {  // then the locator's I/O (once the last of its group closed)
+      auto h = std::make_shared<erased_handler<>>(std::forward<Handler>(handler), ex_);
+      auto then = [loc = locator_, h] { loc->wait_idle([h] { h->complete(); }); };
+      if (io_ops_ == 0) {
+        asio::post(ex_, std::move(then));
+      } else {
+        idle_waiters_.emplace_back(std::move(then), ex_);
+      }
+      return;
+    }
     if (io_ops_ == 0) {
       post_completion(std::forward<Handler>(handler), ex_);
       return;
@@ -213,6 +270,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     on_message_ = nullptr;
     on_lost_ = nullptr;
     fail(redis::make_error_code(redis::errc::closed));
+    if (locator_) locator_->detach();
   }
 
  private:
@@ -239,16 +297,38 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     ++gen_;
     error_code ignored;
     lowest().close(ignored);
+    connect_deadline_ = clock::now() + opts_.connect_timeout;
+    arm_timer();
+    if (locator_) {  // Sentinel: where is the primary now? (within connect_timeout)
+      ++io_ops_;
+      locator_->locate([self = shared_from_this(), gen = gen_](error_code ec,
+                                                               redis_locator::found f) {
+        self->on_located(gen, ec, std::move(f));
+      });
+      return;
+    }
+    start_socket();
+  }
+
+  void on_located(unsigned gen, error_code ec, redis_locator::found f) {
+    --io_ops_;
+    if (gen != gen_) return maybe_idle();
+    if (ec) return fail(ec);
+    endpoints_ = std::move(f.endpoints);
+    host_ = std::move(f.host);
+    port_ = std::move(f.port);
+    start_socket();
+  }
+
+  void start_socket() {
     socket_ = socket_type(ex_);
 #if defined(SLUICE_REDIS_TLS)
     tls_.reset();  // its last operations keep it alive until they end
-    if (tls_ctx_) tls_ = redis_tls_open(ex_, *tls_ctx_, *opts_.tls, opts_.host);
+    if (tls_ctx_) tls_ = redis_tls_open(ex_, *tls_ctx_, *opts_.tls, host_);
 #endif
     if (reader_ != nullptr) redisReaderFree(reader_);
     reader_ = redisReaderCreate();
     if (reader_ == nullptr) throw std::bad_alloc();
-    connect_deadline_ = clock::now() + opts_.connect_timeout;
-    arm_timer();
     ++io_ops_;
     asio::async_connect(lowest(), endpoints_,
                         [self = shared_from_this(), gen = gen_](
@@ -341,7 +421,10 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     pending_.pop_front();
     if (req->internal && r.is_error())
       return fail(redis::make_error_code(redis::errc::handshake_failed));
+    // A primary that was demoted (failover): the next call locates the new one.
+    const bool demoted = locator_ && r.is_error() && r.str.rfind("READONLY", 0) == 0;
     if (req->handler) req->handler.complete(error_code{}, std::move(r));
+    if (demoted) fail(redis::make_error_code(redis::errc::connection_lost));
   }
 
   // AUTH and SELECT go first on every new socket, ahead of the calls queued
@@ -493,6 +576,9 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   std::vector<endpoint_type> endpoints_;
   bool tcp_;
   redis::options opts_;
+  std::string host_ = opts_.host;              // for TLS; where the locator pointed
+  std::string port_;                           // the locator's port ("" without one)
+  std::shared_ptr<redis_locator> locator_;     // Sentinel; null for a fixed address
 #if defined(SLUICE_REDIS_TLS)
   std::shared_ptr<asio::ssl::context> tls_ctx_;  // options::tls, loaded once
   std::shared_ptr<redis_tls_stream> tls_;        // this generation's; owns its socket

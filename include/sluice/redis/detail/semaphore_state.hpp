@@ -8,6 +8,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/stats_recorder.hpp>
 #include <sluice/redis/connection.hpp>
 #include <sluice/redis/detail/script.hpp>
 #include <sluice/redis/detail/semaphore_scripts.hpp>
@@ -43,7 +44,11 @@ inline redis_clock::time_point redis_add_sat(redis_clock::time_point t,
 struct redis_sem_held {
   redis_sem_held(std::string i, std::int64_t tok, redis_clock::time_point until,
                  const asio::any_io_executor& ex)
-      : id(std::move(i)), token(tok), certain_until(until), signal(ex) {
+      : id(std::move(i)),
+        token(tok),
+        certain_until(until),
+        granted_at(redis_clock::now()),
+        signal(ex) {
     signal.expires_at(redis_clock::time_point::max());
   }
   std::string id;
@@ -51,6 +56,7 @@ struct redis_sem_held {
   // The lease is certain until then: local send time of the grant or of the
   // last confirmed renewal + lease - drift margin.
   redis_clock::time_point certain_until;
+  redis_clock::time_point granted_at;  // for the hold time in stats()
   bool lost = false;
   bool released = false;
   bool owned = false;             // by a semaphore::permit (not release())
@@ -91,6 +97,10 @@ struct redis_sem_state {
   std::size_t lost = 0;
   std::size_t failed_renewals = 0;
   std::size_t failed_releases = 0;
+  // stats(): every grant to this client (its wait from the call, round trips
+  // included), every hold from the grant to its release or loss, every wait
+  // that ended in operation_aborted.
+  stats_sink stats;
 
   redis_sem_state(std::shared_ptr<redis::connection> c, const std::string& name, std::size_t n,
                   std::chrono::milliseconds l, std::chrono::milliseconds p,
@@ -141,6 +151,7 @@ struct redis_sem_state {
   void release(held_ptr h, const std::shared_ptr<redis_sem_state>& self) {
     if (h->lost || h->released) return;
     h->released = true;
+    stats.record_hold(redis_clock::now() - h->granted_at);
     unlink(h);
     h->signal.cancel();
     send_drop(h->id, self);
@@ -153,6 +164,7 @@ struct redis_sem_state {
     if (h->lost || h->released) return;
     h->lost = true;
     ++lost;
+    stats.record_hold(redis_clock::now() - h->granted_at);
     if (!h->owned) ++lost_unowned;
     unlink(h);
     send_drop(h->id, self);  // frees its place at once if the server still has it
@@ -311,45 +323,53 @@ inline redis_sem_state::held_ptr redis_sem_add_held(const std::shared_ptr<redis_
 // semaphore's class comment for cancellation.
 inline asio::awaitable<redis_sem_state::held_ptr> redis_sem_acquire(
     std::shared_ptr<redis_sem_state> st) {
+  const auto start = redis_clock::now();
   auto cs = co_await asio::this_coro::cancellation_state;
   auto cancelled = [&] {
     return cs.cancelled() != asio::cancellation_type::none;
   };
-  if (cancelled() || st->stopped) throw system_error(asio::error::operation_aborted);
-  redis_sem_state::waiter w{redis_unique_id(), asio::steady_timer(st->conn->get_executor())};
-  st->waiters.push_back(&w);
-  auto it = std::prev(st->waiters.end());
-  struct unlink {
-    redis_sem_state& s;
-    std::list<redis_sem_state::waiter*>::iterator it;
-    ~unlink() { s.waiters.erase(it); }
-  } guard{*st, it};
-  for (;;) {
-    w.kick = false;
-    const auto sent = redis_clock::now();
-    redis::reply r = co_await redis_sem_eval_or_drop(st, w.id, st->acquire_args(w.id, "wait"));
-    if (r.elements.at(0).integer == 1) {
-      if (cancelled() || st->stopped) {  // granted, but the caller is gone: pass it on
-        st->send_drop(w.id, st);
+  try {
+    if (cancelled() || st->stopped) throw system_error(asio::error::operation_aborted);
+    redis_sem_state::waiter w{redis_unique_id(), asio::steady_timer(st->conn->get_executor())};
+    st->waiters.push_back(&w);
+    auto it = std::prev(st->waiters.end());
+    struct unlink {
+      redis_sem_state& s;
+      std::list<redis_sem_state::waiter*>::iterator it;
+      ~unlink() { s.waiters.erase(it); }
+    } guard{*st, it};
+    for (;;) {
+      w.kick = false;
+      const auto sent = redis_clock::now();
+      redis::reply r = co_await redis_sem_eval_or_drop(st, w.id, st->acquire_args(w.id, "wait"));
+      if (r.elements.at(0).integer == 1) {
+        if (cancelled() || st->stopped) {  // granted, but the caller is gone: pass it on
+          st->send_drop(w.id, st);
+          throw system_error(asio::error::operation_aborted);
+        }
+        ++st->stats.acquired;
+        st->stats.record_wait(redis_clock::now() - start);
+        co_return redis_sem_add_held(st, w.id, r.elements.at(2).integer, sent);
+      }
+      if (!cancelled() && !st->stopped) {
+        if (!st->subscribed && !st->subscribing) co_await redis_sem_subscribe(st);
+        if (!w.kick && !cancelled() && !st->stopped) {
+          w.timer.expires_after(st->poll);
+          error_code ec;
+          auto token = asio::redirect_error(asio::use_awaitable, ec);
+          co_await w.timer.async_wait(token);
+        }
+      }
+      if (cancelled() || st->stopped) {
+        std::vector<std::string> k{st->keys[0], st->keys[1], st->keys[2]};
+        std::vector<std::string> a{w.id, st->channel};
+        co_await redis_eval(*st->conn, st->drop, std::move(k), std::move(a));
         throw system_error(asio::error::operation_aborted);
       }
-      co_return redis_sem_add_held(st, w.id, r.elements.at(2).integer, sent);
     }
-    if (!cancelled() && !st->stopped) {
-      if (!st->subscribed && !st->subscribing) co_await redis_sem_subscribe(st);
-      if (!w.kick && !cancelled() && !st->stopped) {
-        w.timer.expires_after(st->poll);
-        error_code ec;
-        auto token = asio::redirect_error(asio::use_awaitable, ec);
-        co_await w.timer.async_wait(token);
-      }
-    }
-    if (cancelled() || st->stopped) {
-      std::vector<std::string> k{st->keys[0], st->keys[1], st->keys[2]};
-      std::vector<std::string> a{w.id, st->channel};
-      co_await redis_eval(*st->conn, st->drop, std::move(k), std::move(a));
-      throw system_error(asio::error::operation_aborted);
-    }
+  } catch (const system_error& e) {
+    if (e.code() == asio::error::operation_aborted) ++st->stats.cancelled;
+    throw;
   }
 }
 
