@@ -13,7 +13,7 @@
 // The plot in docs/: python3 examples/adaptive_limits_plot.py limits.csv docs/adaptive_limit
 // (or `make adaptive-docs`).
 
-#include <support/capacity_scenario.hpp>
+#include "support/capacity_scenario.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace cap = sluice_test::capacity;
+namespace cap = sluice_examples::capacity;
 
 int main(int argc, char** argv) {
   const char* csv = nullptr;

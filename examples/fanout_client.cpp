@@ -2,18 +2,18 @@
 // 10,000 requests to a real slow provider over TCP, one connection each, with
 // gather_with_concurrency(100, ...): the bound is what keeps the process at
 // 100 open sockets instead of 10,000 (and the provider below its throttle).
-// Without --port it starts the server (tests/support/slow_server.hpp) in
+// Without --port it starts the server (examples/support/slow_server.hpp) in
 // this process, on its own thread and io_context.
 //
 //   fanout_client [--port P] [--requests 10000] [--limit 100] [--keys 50]
 //   fanout_client --unbounded     the same with sluice::gather: watch it fail
 //   fanout_client --virtual       a short run (300 requests, limit 20)
 
+#include <sluice/asio.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/outcome.hpp>
 
-#include <support/asio.hpp>
-#include <support/slow_server.hpp>
+#include "support/slow_server.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -33,14 +33,15 @@ struct options {
   bool unbounded = false;
 };
 
-struct result : sluice_test::reply_tally {
-  sluice_test::client_sockets sockets;
+struct result : sluice_examples::reply_tally {
+  sluice_examples::client_sockets sockets;
 };
 
 asio::awaitable<void> fan_out(const options& o, unsigned short port, result& r) {
   std::vector<asio::awaitable<std::string>> calls;
   for (std::size_t i = 0; i < o.requests; ++i)
-    calls.push_back(sluice_test::request(port, "GET key" + std::to_string(i % o.keys), &r.sockets));
+    calls.push_back(
+        sluice_examples::request(port, "GET key" + std::to_string(i % o.keys), &r.sockets));
   std::vector<sluice::outcome<std::string>> replies;
   if (o.unbounded) {
     replies = co_await sluice::gather(std::move(calls), sluice::return_exceptions);
@@ -74,11 +75,11 @@ int main(int argc, char** argv) try {
 
   // The provider: given, or started here on its own thread.
   asio::io_context server_ctx;
-  std::optional<sluice_test::slow_server> server;
+  std::optional<sluice_examples::slow_server> server;
   std::thread server_thread;
   unsigned short port = o.port;
   if (port == 0) {
-    sluice_test::server_options so;
+    sluice_examples::server_options so;
     so.latency = [](std::string_view, std::size_t i) {
       return std::chrono::milliseconds(2 + static_cast<long>(i % 7));
     };

@@ -27,6 +27,7 @@
 // redis-sentinel); without it, it says so and exits with 77 (reported as
 // skipped by the test suite).
 
+#include <sluice/asio.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/redis/cluster.hpp>
 #include <sluice/redis/rate_limiter.hpp>
@@ -34,11 +35,10 @@
 #include <sluice/redis/sentinel.hpp>
 #include <sluice/semaphore.hpp>
 
-#include <support/asio.hpp>
-#include <support/redis_cluster.hpp>
-#include <support/redis_run.hpp>
-#include <support/redis_sentinel.hpp>
-#include <support/redis_server.hpp>
+#include "support/redis_cluster.hpp"
+#include "support/redis_run.hpp"
+#include "support/redis_sentinel.hpp"
+#include "support/redis_server.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -110,7 +110,7 @@ asio::awaitable<std::shared_ptr<sluice::redis::connection>> limits_connection(
     o.connect_timeout = 1s;  // calls to the dead primary fail fast, and are tried again
     o.command_timeout = 1s;
     auto op = sluice::redis::connect_sentinel(co_await asio::this_coro::executor,
-                                              sluice_test::sentinels_of(sentinels), "mymaster", o);
+                                              sluice_examples::sentinels_of(sentinels), "mymaster", o);
     co_return co_await std::move(op);
   }
   if (cluster_port <= 0) co_return plain;
@@ -125,10 +125,10 @@ asio::awaitable<std::shared_ptr<sluice::redis::connection>> limits_connection(
 int run_client(int port, int replica, double scale, const std::string& mode, int cluster_port,
                const std::string& sentinels) {
   asio::io_context ctx;
-  sluice_test::run_for(
+  sluice_examples::run_for(
       ctx,
       [&]() -> asio::awaitable<void> {
-        auto conn = co_await sluice_test::connect_to(port);
+        auto conn = co_await sluice_examples::connect_to(port);
         auto limits = co_await limits_connection(conn, cluster_port, sentinels);
         sluice::semaphore local_cap{5};
         sluice::redis::semaphore fleet_cap{limits, "places-api", 5, 1000ms};
@@ -149,7 +149,7 @@ int run_client(int port, int replica, double scale, const std::string& mode, int
           try {
             const auto latency = std::chrono::milliseconds(
                 static_cast<long>((1000 + static_cast<long>(fnv1a(query) % 4001)) * scale));
-            co_await sluice_test::sleep_ms(latency.count());
+            co_await sluice_examples::sleep_ms(latency.count());
             if (token != 0) {
               sluice::redis::reply r = co_await conn->execute(
                   "EVAL", fenced_write_lua, "3",
@@ -183,7 +183,7 @@ int run_client(int port, int replica, double scale, const std::string& mode, int
               } catch (const std::exception&) {
                 if (mode != "sentinel") throw;
               }
-              co_await sluice_test::sleep_ms(50);
+              co_await sluice_examples::sleep_ms(50);
             }
           }
         };
@@ -209,18 +209,18 @@ struct fleet_result {
 // limits go through them, and their primary is SIGKILLed mid-run.
 fleet_result run_fleet(int port, const char* scale, const std::string& mode, int cluster_port = 0,
                        const std::function<asio::awaitable<void>()>& during = {},
-                       sluice_test::redis_sentinels* sentinels = nullptr) {
+                       sluice_examples::redis_sentinels* sentinels = nullptr) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string ports = sentinels != nullptr ? sentinels->ports_csv() : "";
   std::vector<pid_t> pids;
   for (int r = 0; r < 4; ++r) {
-    pids.push_back(sluice_test::spawn_child(
+    pids.push_back(sluice_examples::spawn_child(
         "client", {std::to_string(port), std::to_string(r), scale, mode,
                    std::to_string(cluster_port), ports}));
   }
   if (during) {
     asio::io_context ctx;
-    sluice_test::run_for(ctx, during(), 60s);
+    sluice_examples::run_for(ctx, during(), 60s);
   }
   fleet_result out;
   if (sentinels != nullptr) {  // crash the primary while the fleet runs
@@ -228,11 +228,11 @@ fleet_result run_fleet(int port, const char* scale, const std::string& mode, int
     out.killed_ns = now_ns();
     sentinels->kill_primary();
   }
-  for (pid_t pid : pids) out.ok = sluice_test::wait_process(pid) == 0 && out.ok;
+  for (pid_t pid : pids) out.ok = sluice_examples::wait_process(pid) == 0 && out.ok;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   asio::io_context ctx;
-  out.max_in_flight = sluice_test::run_for(ctx, [&]() -> asio::awaitable<long long> {
-    auto conn = co_await sluice_test::connect_to(port);
+  out.max_in_flight = sluice_examples::run_for(ctx, [&]() -> asio::awaitable<long long> {
+    auto conn = co_await sluice_examples::connect_to(port);
     sluice::redis::reply r = co_await conn->execute("GET", "provider:" + mode + ":max");
     co_await conn->close();
     co_return r.is_nil() ? 0 : std::stoll(r.str);
@@ -240,7 +240,7 @@ fleet_result run_fleet(int port, const char* scale, const std::string& mode, int
   return out;
 }
 
-const sluice_test::register_child client_role{
+const sluice_examples::register_child client_role{
     "client", [](const std::vector<std::string>& a) {
       return run_client(std::stoi(a.at(0)), std::stoi(a.at(1)), std::stod(a.at(2)), a.at(3),
                         std::stoi(a.at(4)), a.size() > 5 ? a.at(5) : "");
@@ -255,8 +255,8 @@ struct provider_view {
 
 provider_view read_provider(int port) {
   asio::io_context ctx;
-  return sluice_test::run_for(ctx, [&]() -> asio::awaitable<provider_view> {
-    auto conn = co_await sluice_test::connect_to(port);
+  return sluice_examples::run_for(ctx, [&]() -> asio::awaitable<provider_view> {
+    auto conn = co_await sluice_examples::connect_to(port);
     provider_view v;
     sluice::redis::reply r = co_await conn->execute("LRANGE", "provider:tokens", "0", "-1");
     for (const auto& e : r.elements) v.tokens.push_back(std::stoll(e.str));
@@ -273,11 +273,11 @@ provider_view read_provider(int port) {
 // --sentinel: the shared cap through Sentinel, the primary killed mid-run.
 int sentinel_demo(const char* scale) {
   std::string why;
-  auto d = sluice_test::redis_sentinels::start(why);
-  auto provider = sluice_test::redis_server::start();
+  auto d = sluice_examples::redis_sentinels::start(why);
+  auto provider = sluice_examples::redis_server::start();
   if (!d || !provider) {
     std::printf("SKIPPED: %s\n", d ? "could not start redis-server" : why.c_str());
-    return sluice_test::skip_exit_code;
+    return sluice_examples::skip_exit_code;
   }
   std::printf(
       "A fleet of 4 amenity-discovery clients sharing sluice::redis::semaphore{5} through\n"
@@ -287,9 +287,9 @@ int sentinel_demo(const char* scale) {
   const std::string ports = d->ports_csv();
   {
     asio::io_context ctx;  // wait out a fresh server's grace (see main)
-    sluice_test::run_for(ctx, [&]() -> asio::awaitable<void> {
+    sluice_examples::run_for(ctx, [&]() -> asio::awaitable<void> {
       auto op = sluice::redis::connect_sentinel(co_await asio::this_coro::executor,
-                                                sluice_test::sentinels_of(ports), "mymaster");
+                                                sluice_examples::sentinels_of(ports), "mymaster");
       auto conn = co_await std::move(op);  // named: g++ 12 and co_await operands
       sluice::redis::semaphore warm{conn, "places-api", 5, 1000ms};
       co_await warm.acquire();
@@ -321,8 +321,8 @@ int sentinel_demo(const char* scale) {
 
 int main(int argc, char** argv) {
   if (argc >= 3 && std::strcmp(argv[1], "--child") == 0) {
-    auto it = sluice_test::child_roles().find(argv[2]);
-    if (it == sluice_test::child_roles().end()) return 2;
+    auto it = sluice_examples::child_roles().find(argv[2]);
+    if (it == sluice_examples::child_roles().end()) return 2;
     return it->second(std::vector<std::string>(argv + 3, argv + argc));
   }
   bool fast = false, cluster_mode = false, sentinel = false;
@@ -333,17 +333,17 @@ int main(int argc, char** argv) {
   }
   const char* scale = fast ? "0.01" : "0.05";
   if (sentinel) return sentinel_demo(scale);
-  auto server = sluice_test::redis_server::start();
+  auto server = sluice_examples::redis_server::start();
   if (!server) {
     std::printf("SKIPPED: could not start redis-server (Debian: apt-get install redis-server)\n");
-    return sluice_test::skip_exit_code;
+    return sluice_examples::skip_exit_code;
   }
-  auto cluster = cluster_mode ? sluice_test::redis_cluster::start(3)
-                              : std::optional<sluice_test::redis_cluster>();
+  auto cluster = cluster_mode ? sluice_examples::redis_cluster::start(3)
+                              : std::optional<sluice_examples::redis_cluster>();
   if (cluster_mode) {
     if (!cluster) {
       std::printf("SKIPPED: could not start a Redis Cluster (redis-server, redis-cli)\n");
-      return sluice_test::skip_exit_code;
+      return sluice_examples::skip_exit_code;
     }
   }
   const int cluster_port = cluster ? cluster->ports()[0] : 0;
@@ -362,8 +362,8 @@ int main(int argc, char** argv) {
     // it starts (so that holders can re-claim their permits after a restart):
     // wait that out here, so that the timings below show the cap alone.
     asio::io_context ctx;
-    sluice_test::run_for(ctx, [&]() -> asio::awaitable<void> {
-      auto conn = co_await sluice_test::connect_to(server->port());
+    sluice_examples::run_for(ctx, [&]() -> asio::awaitable<void> {
+      auto conn = co_await sluice_examples::connect_to(server->port());
       auto limits = co_await limits_connection(conn, cluster_port);
       sluice::redis::semaphore warm{limits, "places-api", 5, 1000ms};
       co_await warm.acquire();
@@ -382,15 +382,15 @@ int main(int argc, char** argv) {
   // semaphore's keys) to another node, as `redis-cli --cluster reshard` would.
   std::string moved;
   auto reshard = [&]() -> asio::awaitable<void> {
-    co_await sluice_test::sleep_ms(fast ? 100 : 500);
+    co_await sluice_examples::sleep_ms(fast ? 100 : 500);
     const auto& ports = cluster->ports();
     const int slot = sluice::redis::key_slot("places-api");
-    const int from = co_await sluice_test::owner_port(ports[0], slot);
-    const int to = sluice_test::other_port(ports, from);
-    auto m = co_await sluice_test::migration::begin(slot, from, to, ports);
-    co_await sluice_test::sleep_ms(50);
+    const int from = co_await sluice_examples::owner_port(ports[0], slot);
+    const int to = sluice_examples::other_port(ports, from);
+    auto m = co_await sluice_examples::migration::begin(slot, from, to, ports);
+    co_await sluice_examples::sleep_ms(50);
     co_await m.move_keys();
-    co_await sluice_test::sleep_ms(50);
+    co_await sluice_examples::sleep_ms(50);
     co_await m.finish();
     moved = "slot " + std::to_string(slot) + " of {places-api} moved from :" +
             std::to_string(from) + " to :" + std::to_string(to) + " mid-run";

@@ -35,6 +35,7 @@
 #error "http_gateway uses Boost.Beast: build it with SLUICE_USE_BOOST_ASIO"
 #endif
 
+#include <sluice/asio.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
@@ -44,8 +45,7 @@
 #include <sluice/strand_bound.hpp>
 #include <sluice/timeout.hpp>
 
-#include <support/asio.hpp>
-#include <support/slow_server.hpp>
+#include "support/slow_server.hpp"
 
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -163,7 +163,7 @@ class gateway {
 
   asio::awaitable<std::string> provider_attempt(std::string key) {
     auto slot = co_await provider_cap_.scoped_acquire();
-    auto request = sluice_test::request(opt_.provider_port, "GET " + key);
+    auto request = sluice_examples::request(opt_.provider_port, "GET " + key);
     std::string reply = co_await sluice::with_timeout(opt_.timeout, std::move(request));
     if (reply.rfind("THROTTLED", 0) == 0) throw sluice::throttled_error("provider: " + reply);
     co_return reply;
@@ -287,7 +287,7 @@ asio::awaitable<unsigned> http_get(unsigned short port, std::string target) {
 int self_contained() {
   // The provider: one thread of its own (its statistics are loop-affine).
   asio::io_context provider_ctx;
-  sluice_test::server_options po;
+  sluice_examples::server_options po;
   po.latency = [](std::string_view, std::size_t i) {
     return std::chrono::milliseconds(5 + static_cast<long>(i % 20));
   };
@@ -296,7 +296,7 @@ int self_contained() {
   o.cap = 4;
   po.throttle_above = o.cap;  // more than `cap` at once would be throttled
   po.throttle_per_key = 1;    // so would two calls for one key
-  sluice_test::slow_server provider(provider_ctx, po);
+  sluice_examples::slow_server provider(provider_ctx, po);
   provider.start();
   std::thread provider_thread([&] { provider_ctx.run(); });
   o.provider_port = provider.port();

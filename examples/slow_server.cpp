@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSL-1.0
 // A real slow provider on loopback: a line-protocol TCP server
-// (tests/support/slow_server.hpp). `GET <key>` answers `OK <key> <ms>` after a
+// (examples/support/slow_server.hpp). `GET <key>` answers `OK <key> <ms>` after a
 // latency of 5 to 30 ms, or `THROTTLED <key>` beyond its limits; every request
 // for a key that is already in flight is logged as a collision, as pynenc's
 // demo does. Point examples/fanout_client at it.
@@ -13,16 +13,10 @@
 //               a short self-contained run: a free port, 40 requests over 3
 //               keys from an in-process client, the collision log, the stats
 
+#include <sluice/asio.hpp>
 #include <sluice/gather.hpp>
 
-#include <support/asio.hpp>
-#include <support/slow_server.hpp>
-
-#if defined(SLUICE_USE_BOOST_ASIO)
-#include <boost/asio/signal_set.hpp>
-#else
-#include <asio/signal_set.hpp>
-#endif
+#include "support/slow_server.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -43,7 +37,7 @@ std::chrono::milliseconds latency(std::string_view key, std::size_t index) {
   return std::chrono::milliseconds(5 + static_cast<long>(h % 26));
 }
 
-void print_stats(const sluice_test::slow_server& srv) {
+void print_stats(const sluice_examples::slow_server& srv) {
   const auto& s = srv.stats();
   std::printf("requests %zu, ok %zu, throttled %zu, max concurrent %zu, collisions %zu\n",
               s.requests, s.ok, s.throttled, s.max_concurrent, s.collisions);
@@ -53,10 +47,10 @@ void print_stats(const sluice_test::slow_server& srv) {
 
 int self_contained() {
   asio::io_context ctx;
-  sluice_test::server_options o;
+  sluice_examples::server_options o;
   o.latency = latency;
   o.log = &std::cout;
-  sluice_test::slow_server srv(ctx, o);
+  sluice_examples::slow_server srv(ctx, o);
   srv.start();
   std::printf("[virtual] serving on 127.0.0.1:%u; 40 requests over 3 keys, 8 at a time\n",
               static_cast<unsigned>(srv.port()));
@@ -66,7 +60,7 @@ int self_contained() {
       [&]() -> asio::awaitable<void> {
         std::vector<asio::awaitable<std::string>> calls;
         for (int i = 0; i < 40; ++i)
-          calls.push_back(sluice_test::request(srv.port(), "GET key" + std::to_string(i % 3)));
+          calls.push_back(sluice_examples::request(srv.port(), "GET key" + std::to_string(i % 3)));
         auto replies = co_await sluice::gather_with_concurrency(8, std::move(calls));
         std::printf("first reply: %s\n", replies.front().c_str());
       },
@@ -84,7 +78,7 @@ int self_contained() {
 
 int main(int argc, char** argv) try {
   unsigned short port = 7777;
-  sluice_test::server_options o;
+  sluice_examples::server_options o;
   o.latency = latency;
   o.log = &std::cout;
   for (int i = 1; i < argc; ++i) {
@@ -98,7 +92,7 @@ int main(int argc, char** argv) try {
     if (a == "--window-ms") o.window = std::chrono::milliseconds(std::atol(argv[++i]));
   }
   asio::io_context ctx;
-  sluice_test::slow_server srv(ctx, o, port);
+  sluice_examples::slow_server srv(ctx, o, port);
   srv.start();
   asio::signal_set stop(ctx, SIGINT, SIGTERM);
   stop.async_wait([&](sluice::error_code, int) { ctx.stop(); });

@@ -10,8 +10,8 @@
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
 
+#include <examples/support/capacity_scenario.hpp>
 #include <support/asio.hpp>
-#include <support/capacity_scenario.hpp>
 #include <support/spawned.hpp>
 
 #include <catch2/catch.hpp>
@@ -38,12 +38,12 @@ adaptive_limit::options still(std::size_t initial, std::size_t min = 1, std::siz
           .algorithm = sluice::aimd{.increase = 0, .backoff = 1.0}};
 }
 
-void check_against_oracle(const sluice_test::capacity::result& r,
-                          const sluice_test::capacity::result& oracle) {
+void check_against_oracle(const sluice_examples::capacity::result& r,
+                          const sluice_examples::capacity::result& oracle) {
   INFO(r.name << ": makespan " << std::chrono::duration<double>(r.makespan).count() << " s, oracle "
               << std::chrono::duration<double>(oracle.makespan).count() << " s, " << r.throttles
               << " of " << r.calls << " calls throttled");
-  CHECK(r.calls >= sluice_test::capacity::jobs);
+  CHECK(r.calls >= sluice_examples::capacity::jobs);
   CHECK(r.throttles * 100 <= r.calls);               // at most 1% throttled
   CHECK(r.makespan * 100 <= oracle.makespan * 115);  // within 15% of the oracle
   CHECK(r.makespan >= oracle.makespan);              // (the oracle is a bound)
@@ -56,11 +56,11 @@ void check_against_oracle(const sluice_test::capacity::result& r,
 }  // namespace
 
 TEST_CASE("the oracle runs at the capacity and is never throttled", "[adaptive_limit]") {
-  const auto oracle = sluice_test::capacity::run_oracle();
+  const auto oracle = sluice_examples::capacity::run_oracle();
   CHECK(oracle.throttles == 0);
-  CHECK(oracle.calls == sluice_test::capacity::jobs);
+  CHECK(oracle.calls == sluice_examples::capacity::jobs);
   CHECK(oracle.makespan > 10min);  // the last phase (capacity 12) is reached
-  sluice::testing::slow_service svc(sluice_test::capacity::service_options());
+  sluice::testing::slow_service svc(sluice_examples::capacity::service_options());
   for (const auto& [t, limit] : oracle.limit_trace)
     CHECK(limit == svc.capacity_at(std::chrono::duration_cast<std::chrono::nanoseconds>(
                        std::chrono::duration<double>(t))));
@@ -70,11 +70,11 @@ TEST_CASE(
     "aimd follows a capacity of 8 then 3 then 12 with at most 1% throttled and within 15% "
     "of the oracle",
     "[adaptive_limit]") {
-  const auto oracle = sluice_test::capacity::run_oracle();
-  const auto r = sluice_test::capacity::run_adaptive("aimd", sluice::aimd{});
+  const auto oracle = sluice_examples::capacity::run_oracle();
+  const auto r = sluice_examples::capacity::run_adaptive("aimd", sluice::aimd{});
   check_against_oracle(r, oracle);
   // Deterministic: the same run again gives the same figures.
-  const auto again = sluice_test::capacity::run_adaptive("aimd", sluice::aimd{});
+  const auto again = sluice_examples::capacity::run_adaptive("aimd", sluice::aimd{});
   CHECK(again.makespan == r.makespan);
   CHECK(again.throttles == r.throttles);
 }
@@ -83,15 +83,16 @@ TEST_CASE(
     "gradient follows a capacity of 8 then 3 then 12 with at most 1% throttled and within "
     "15% of the oracle",
     "[adaptive_limit]") {
-  const auto oracle = sluice_test::capacity::run_oracle();
-  check_against_oracle(sluice_test::capacity::run_adaptive("gradient", sluice::gradient{}), oracle);
+  const auto oracle = sluice_examples::capacity::run_oracle();
+  check_against_oracle(sluice_examples::capacity::run_adaptive("gradient", sluice::gradient{}),
+                       oracle);
 }
 
 TEST_CASE("fixed limits either wait or are throttled where the adaptive limit is neither",
           "[adaptive_limit]") {
-  const auto oracle = sluice_test::capacity::run_oracle();
-  const auto three = sluice_test::capacity::run_fixed(3);
-  const auto twelve = sluice_test::capacity::run_fixed(12);
+  const auto oracle = sluice_examples::capacity::run_oracle();
+  const auto three = sluice_examples::capacity::run_fixed(3);
+  const auto twelve = sluice_examples::capacity::run_fixed(12);
   CHECK(three.throttles == 0);
   CHECK(three.makespan * 100 > oracle.makespan * 150);  // half as fast again
   CHECK(twelve.throttles * 2 > twelve.calls);           // most calls throttled

@@ -13,7 +13,7 @@
 #include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
-#include <support/slow_server.hpp>
+#include <examples/support/slow_server.hpp>
 
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -53,7 +53,7 @@ constexpr bool sanitized = false;
 // The server in a child process on a free loopback port; killed on destruction.
 class server_process {
  public:
-  explicit server_process(sluice_test::server_options o) {
+  explicit server_process(sluice_examples::server_options o) {
     int fds[2];
     REQUIRE(::pipe(fds) == 0);
     pid_ = ::fork();
@@ -62,7 +62,7 @@ class server_process {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       ::close(fds[0]);
       asio::io_context ctx;
-      sluice_test::slow_server srv(ctx, std::move(o));
+      sluice_examples::slow_server srv(ctx, std::move(o));
       srv.start();
       const unsigned short port = srv.port();
       if (::write(fds[1], &port, sizeof port) != sizeof port) ::_exit(1);
@@ -114,7 +114,7 @@ class fd_limit {
   rlimit saved_{};
 };
 
-struct tally : sluice_test::reply_tally {
+struct tally : sluice_examples::reply_tally {
   std::size_t baseline = 0;  // descriptors open before the first request (loop included)
   std::size_t max_fds = 0;
 };
@@ -130,7 +130,7 @@ tally fan_out(unsigned short port, std::size_t n, std::size_t limit) {
     t.max_fds = std::max(t.max_fds, open_fds());
   };
   auto one = [&](std::size_t i) -> asio::awaitable<std::string> {
-    std::string reply = co_await sluice_test::request(port, "GET k" + std::to_string(i % 20));
+    std::string reply = co_await sluice_examples::request(port, "GET k" + std::to_string(i % 20));
     sample();
     co_return reply;
   };
@@ -171,7 +171,8 @@ std::size_t stat(unsigned short port, const std::string& name) {
   asio::io_context ctx;
   std::string line;
   asio::co_spawn(
-      ctx, [&]() -> asio::awaitable<void> { line = co_await sluice_test::request(port, "STATS"); },
+      ctx,
+      [&]() -> asio::awaitable<void> { line = co_await sluice_examples::request(port, "STATS"); },
       asio::detached);
   ctx.run();
   const auto at = line.find(name + "=");
@@ -179,8 +180,8 @@ std::size_t stat(unsigned short port, const std::string& name) {
   return std::stoul(line.substr(at + name.size() + 1));
 }
 
-sluice_test::server_options provider() {
-  sluice_test::server_options o;
+sluice_examples::server_options provider() {
+  sluice_examples::server_options o;
   o.latency = [](std::string_view, std::size_t i) {
     return std::chrono::milliseconds(1 + i % 3);
   };
@@ -263,7 +264,7 @@ TEST_CASE("a rate_limiter at the provider's published quota is never throttled o
   // travel longer than the ones that reuse their places).
   constexpr std::size_t calls = 2000, quota = 500;
   constexpr auto window = 1s;
-  sluice_test::server_options o;
+  sluice_examples::server_options o;
   o.latency = [](std::string_view, std::size_t) {
     return std::chrono::milliseconds(1);
   };
@@ -274,14 +275,14 @@ TEST_CASE("a rate_limiter at the provider's published quota is never throttled o
   asio::io_context ctx;
   sluice::semaphore in_flight{ctx.get_executor(), 50};
   sluice::rate_limiter rate{ctx.get_executor(), quota, window};
-  sluice_test::reply_tally t;
+  sluice_examples::reply_tally t;
   const auto port = server.port();
   const auto t0 = std::chrono::steady_clock::now();
   auto last_start = t0;
   auto one = [&](std::size_t i) -> asio::awaitable<std::string> {
     auto held = co_await sluice::acquire_all(in_flight, rate);
     last_start = std::max(last_start, held.get<1>().at);
-    co_return co_await sluice_test::request(port, "GET k" + std::to_string(i % 20));
+    co_return co_await sluice_examples::request(port, "GET k" + std::to_string(i % 20));
   };
   asio::co_spawn(
       ctx,

@@ -111,6 +111,18 @@ class condition {
     const bool owns_lock = owned_ != nullptr;
     sluice::lock* const l = lock_;
     l->release();
+    // Destroyed with the frame before the lock is back (the loop destroyed
+    // while this waits): counts as back, so the caller's guard, unwinding,
+    // releases it once more without effect (a caller without a guard never
+    // releases: the lock then stays held by the dead frame, as any permit a
+    // destroyed frame holds by hand).
+    struct relock_owed {
+      sluice::lock* l;
+      bool armed = true;
+      ~relock_owed() {
+        if (armed) l->core_.owe_release();
+      }
+    } owed{l};
     bool notified = false;
     std::exception_ptr failure;
     try {
@@ -120,6 +132,7 @@ class condition {
       failure = std::current_exception();
     }
     if (owns_lock && alive.expired()) {
+      owed.armed = false;
       if (!failure) failure = std::make_exception_ptr(system_error(asio::error::operation_aborted));
       std::rethrow_exception(failure);
     }
@@ -133,6 +146,7 @@ class condition {
     } catch (...) {
       relock_failure = std::current_exception();
     }
+    owed.armed = false;
     co_await asio::this_coro::throw_if_cancelled(throw_if);
     if (relock_failure) std::rethrow_exception(relock_failure);
     if (failure) std::rethrow_exception(failure);

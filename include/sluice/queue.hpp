@@ -471,7 +471,7 @@ class queue {
   // Completes a new operation at once (through a post) with shut_down.
   template <class Node, class Deliver, class Handler, class... NodeArgs>
   void start_failed(Handler&& handler, const char* what, NodeArgs&&... args) {
-    detail::waiter_list scratch;
+    detail::waiter_list scratch{false};
     detail::start_wait<Node, Deliver>(std::forward<Handler>(handler), ex_, what, scratch, false,
                                       false, std::forward<NodeArgs>(args)...);
     static_cast<detail::wait_op*>(scratch.pop_front())->complete(queue_errc::shut_down);
@@ -489,7 +489,7 @@ class queue {
   detail::waiter_list putters_;
   detail::waiter_list joiners_;
   // Getters handed an item whose handler has not run yet (deferred completions).
-  detail::waiter_list handed_;
+  detail::waiter_list handed_{false};
   std::size_t maxsize_;
   std::size_t unfinished_ = 0;
   bool shut_down_ = false;

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: BSL-1.0
-# Builds tests/cmake/consumer (or, with EXAMPLE=<name>, examples/<name>.cpp
-# through tests/cmake/example_consumer) against sluice: installed into a temporary prefix
+# Builds tests/cmake/consumer (or, with EXAMPLES=<name>,<name>..., those
+# examples/<name>.cpp copied out of the tree with examples/support/, through
+# tests/cmake/example_consumer; REDIS_EXAMPLES names those that also link
+# sluice::redis) against sluice: installed into a temporary prefix
 # (KIND=find_package), vendored (KIND=add_subdirectory), or through
 # FetchContent with SOURCE_DIR (KIND=fetchcontent). USE_BOOST=ON selects
 # Boost.Asio in the consumer (the installed package is built with the default
@@ -17,14 +19,22 @@ if(NOT USE_BOOST)
   set(USE_BOOST OFF)
 endif()
 set(consumer ${SOURCE_DIR}/tests/cmake/consumer)
-set(consumer_args)
+set(programs consumer)
 if(COMPONENT STREQUAL "redis")
   set(consumer ${SOURCE_DIR}/tests/cmake/consumer_redis)  # find_package(sluice COMPONENTS redis)
 endif()
 set(common -G ${GENERATOR} -DCMAKE_CXX_COMPILER=${CXX} -DSLUICE_USE_BOOST_ASIO=${USE_BOOST})
-if(EXAMPLE)  # examples/${EXAMPLE}.cpp against the installed package, run with --virtual
+set(consumer_args)
+if(EXAMPLES)  # the examples, copied, against the installed package, run with --virtual
+  string(REPLACE "," ";" programs "${EXAMPLES}")
+  file(MAKE_DIRECTORY ${WORK_DIR}/example)
+  file(COPY ${SOURCE_DIR}/examples/support DESTINATION ${WORK_DIR}/example)
+  foreach(example IN LISTS programs)
+    file(COPY ${SOURCE_DIR}/examples/${example}.cpp DESTINATION ${WORK_DIR}/example)
+  endforeach()
   set(consumer ${SOURCE_DIR}/tests/cmake/example_consumer)
-  list(APPEND common -DEXAMPLE_SOURCE=${SOURCE_DIR}/examples/${EXAMPLE}.cpp)
+  list(APPEND common -DEXAMPLE_DIR=${WORK_DIR}/example -DEXAMPLES=${EXAMPLES}
+       -DREDIS_EXAMPLES=${REDIS_EXAMPLES})
   set(consumer_args --virtual)
 endif()
 if(KIND STREQUAL "find_package")
@@ -39,8 +49,20 @@ else()
       -DSLUICE_SOURCE_DIR=${SOURCE_DIR} -DHOW=${KIND})
 endif()
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
-run(${WORK_DIR}/consumer/consumer ${consumer_args})
+foreach(program IN LISTS programs)
+  if(EXAMPLES)  # an example that needs a server it cannot start exits 77: skipped
+    execute_process(COMMAND ${WORK_DIR}/consumer/${program} ${consumer_args}
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+    if(rc EQUAL 77)
+      message(STATUS "${program}: skipped (${out})")
+    elseif(NOT rc EQUAL 0)
+      message(FATAL_ERROR "failed (${rc}): ${program} ${consumer_args}\n${out}")
+    endif()
+  else()
+    run(${WORK_DIR}/consumer/${program} ${consumer_args})
+  endif()
+endforeach()
 if(COMPONENT STREQUAL "redis" AND EXISTS ${WORK_DIR}/consumer/consumer_tls)
   run(${WORK_DIR}/consumer/consumer_tls)  # sluice::redis_tls (OpenSSL found)
 endif()
-message(STATUS "${KIND} consumer ${EXAMPLE} (Boost.Asio: ${USE_BOOST}) built and ran")
+message(STATUS "${KIND} consumer ${EXAMPLES} (Boost.Asio: ${USE_BOOST}) built and ran")

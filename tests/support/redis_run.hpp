@@ -2,62 +2,22 @@
 #ifndef SLUICE_TESTS_SUPPORT_REDIS_RUN_HPP
 #define SLUICE_TESTS_SUPPORT_REDIS_RUN_HPP
 
-// Running coroutines against a real redis-server in real time: a watchdog turns
-// a hang into a test failure, and a few helpers shared by the Redis tests.
+// Running coroutines against a real redis-server in real time: run_for (a
+// watchdog turns a hang into a test failure), connect_to and sleep_ms are
+// examples/support/redis_run.hpp's (shared with examples/fleet.cpp); here, the
+// helpers only the Redis tests use.
 
 #include <sluice/redis/connection.hpp>
 
 #include <support/asio.hpp>
 
-#include <chrono>
-#include <cstdint>
-#include <exception>
-#include <memory>
-#include <stdexcept>
-#include <string>
+#include <examples/support/redis_run.hpp>
 
 namespace sluice_test {
 
-// Runs `a` on `ctx` until it finishes; throws std::runtime_error("hung") if it
-// has not finished after `limit`, and rethrows its exception.
-template <class T>
-T run_for(asio::io_context& ctx, asio::awaitable<T> a,
-          std::chrono::steady_clock::duration limit = std::chrono::seconds(20)) {
-  bool done = false;
-  std::exception_ptr error;
-  std::optional<std::conditional_t<std::is_void_v<T>, int, T>> result;
-  if constexpr (std::is_void_v<T>) {
-    asio::co_spawn(ctx, std::move(a), [&](std::exception_ptr e) {
-      done = true;
-      error = e;
-    });
-  } else {
-    asio::co_spawn(ctx, std::move(a), [&](std::exception_ptr e, T v) {
-      done = true;
-      error = e;
-      if (!e) result.emplace(std::move(v));
-    });
-  }
-  ctx.restart();
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!done && std::chrono::steady_clock::now() < deadline) {
-    ctx.run_one_for(std::chrono::milliseconds(50));
-  }
-  if (!done) throw std::runtime_error("hung: the coroutine did not finish in time");
-  ctx.poll();  // let completed I/O handlers release what they hold
-  if (error) std::rethrow_exception(error);
-  if constexpr (!std::is_void_v<T>) return std::move(*result);
-}
-
-inline asio::awaitable<std::shared_ptr<sluice::redis::connection>> connect_to(int port) {
-  co_return co_await sluice::redis::connect(co_await asio::this_coro::executor, "127.0.0.1",
-                                            static_cast<std::uint16_t>(port));
-}
-
-inline asio::awaitable<void> sleep_ms(long ms) {
-  asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(ms));
-  co_await t.async_wait(asio::use_awaitable);
-}
+using sluice_examples::connect_to;
+using sluice_examples::run_for;
+using sluice_examples::sleep_ms;
 
 // The Redis server's clock (TIME), in microseconds.
 inline asio::awaitable<long long> server_time_us(sluice::redis::connection& c) {

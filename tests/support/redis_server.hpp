@@ -2,232 +2,31 @@
 #ifndef SLUICE_TESTS_SUPPORT_REDIS_SERVER_HPP
 #define SLUICE_TESTS_SUPPORT_REDIS_SERVER_HPP
 
-// A private redis-server for one test (or example, or benchmark): started on a
-// free loopback port with no persistence (`--save "" --appendonly no`),
-// waited for until it answers PING, stopped (SIGKILL) when destroyed. Also
-// child processes: the test binary re-runs itself (/proc/self/exe) with
-// `--child <name> args...` (see redis_main.cpp), so that several processes
-// share one server without fork() (unsafe under the sanitizers).
+// A private redis-server for one test: the server and the child processes
+// are examples/support/redis_server.hpp's (shared with examples/fleet.cpp);
+// here, what only the suite needs: a server or a skip, one server per binary.
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include <examples/support/redis_server.hpp>
 
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <map>
-#include <optional>
 #include <string>
-#include <thread>
+#include <utility>
 #include <vector>
 
 namespace sluice_test {
 
-// Exit code of a test that could not start a redis-server (ctest's
-// SKIP_RETURN_CODE for the redis tests).
-inline constexpr int skip_exit_code = 77;
-
-// The path of `name` found on PATH (or `name` if it contains a slash); empty
-// if there is none.
-inline std::string find_program(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
-  const char* path = std::getenv("PATH");
-  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
-  std::size_t start = 0;
-  while (start <= dirs.size()) {
-    const std::size_t end = std::min(dirs.find(':', start), dirs.size());
-    std::string candidate = dirs.substr(start, end - start) + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    start = end + 1;
-  }
-  return {};
-}
-
-// Starts `args` as a child process that dies with this one (PR_SET_PDEATHSIG:
-// a crashed test leaves no server behind); `quiet`: stdout and stderr go to
-// /dev/null (a server must not hold the test's output pipe open). Returns its
-// pid, or -1. The child runs only async-signal-safe calls before execv.
-inline pid_t spawn_process(const std::vector<std::string>& args, bool quiet = false) {
-  const std::string program = find_program(args.at(0));
-  if (program.empty()) return -1;
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    if (quiet) {
-      const int null = ::open("/dev/null", O_RDWR);
-      ::dup2(null, 1);
-      ::dup2(null, 2);
-    }
-    ::execv(program.c_str(), argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// Waits for `pid` and returns its exit status (128 + signal if killed).
-inline int wait_process(pid_t pid) {
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return -1;
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return -1;
-}
-
-// A loopback TCP port nobody listens on now.
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
-// True if a Redis server answers PING on 127.0.0.1:port (NOAUTH counts: it is up).
-inline bool ping(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  bool ok = false;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    const char cmd[] = "*1\r\n$4\r\nPING\r\n";
-    char buf[16] = {};
-    if (::write(fd, cmd, sizeof cmd - 1) == static_cast<ssize_t>(sizeof cmd - 1) &&
-        ::read(fd, buf, sizeof buf - 1) > 0)
-      ok = std::strncmp(buf, "+PONG", 5) == 0 || std::strncmp(buf, "-NOAUTH", 7) == 0;
-  }
-  ::close(fd);
-  return ok;
-}
-
-class redis_server {
- public:
-  // Starts a server on a free port; nullopt if none could be started (no
-  // redis-server binary, or it did not answer PING within 5 s).
-  // `unix_socket`: also listen on that path.
-  // `extra`: more redis-server arguments (e.g. {"--requirepass", "pw"}); they
-  // come after the defaults, so they may override `--save` too.
-  static std::optional<redis_server> start(std::string unix_socket = {},
-                                           std::vector<std::string> extra = {}) {
-    redis_server s;
-    s.unix_socket_ = std::move(unix_socket);
-    s.extra_ = std::move(extra);
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      s.port_ = free_port();
-      if (s.port_ > 0 && s.launch()) return s;
-    }
-    return std::nullopt;
-  }
-
-  redis_server(redis_server&& o) noexcept
-      : port_(o.port_),
-        pid_(std::exchange(o.pid_, -1)),
-        unix_socket_(std::move(o.unix_socket_)),
-        extra_(std::move(o.extra_)) {}
-  redis_server& operator=(redis_server&&) = delete;
-  ~redis_server() { stop(); }
-
-  int port() const { return port_; }
-  bool running() const { return pid_ > 0; }
-
-  // Freezes the server (SIGSTOP: a stall, a partition) / lets it go on.
-  void pause() const {
-    if (pid_ > 0) ::kill(pid_, SIGSTOP);
-  }
-  void resume() const {
-    if (pid_ > 0) ::kill(pid_, SIGCONT);
-  }
-
-  // Kills the server (SIGKILL: no clean shutdown, as a crash) and waits for it.
-  void stop() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::kill(pid_, SIGCONT);  // a stopped process dies only once it runs
-      wait_process(pid_);
-      pid_ = -1;
-    }
-  }
-
-  // Starts it again on the same port, with the same arguments: empty (no
-  // persistence), or from its last RDB snapshot when `extra` gave it a `--dir`
-  // and it was told to `SAVE`. False if it did not come up.
-  bool restart() {
-    stop();
-    for (int attempt = 0; attempt < 50; ++attempt) {  // the port may linger briefly
-      if (launch()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-  }
-
- private:
-  redis_server() = default;
-
-  bool launch() {
-    std::vector<std::string> args = {"redis-server",
-                                     "--port",
-                                     std::to_string(port_),
-                                     "--bind",
-                                     "127.0.0.1",
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--daemonize",
-                                     "no",
-                                     "--loglevel",
-                                     "warning",
-                                     "--logfile",
-                                     "/dev/null"};
-    if (!unix_socket_.empty()) {
-      args.insert(args.end(), {"--unixsocket", unix_socket_, "--unixsocketperm", "700"});
-    }
-    args.insert(args.end(), extra_.begin(), extra_.end());
-    pid_ = spawn_process(args, true);
-    if (pid_ <= 0) return false;
-    for (int i = 0; i < 500; ++i) {
-      if (ping(port_)) return true;
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {  // exited: port taken, or bad args
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    stop();
-    return false;
-  }
-
-  int port_ = -1;
-  pid_t pid_ = -1;
-  std::string unix_socket_;
-  std::vector<std::string> extra_;
-};
+using sluice_examples::child_main;
+using sluice_examples::child_roles;
+using sluice_examples::find_program;
+using sluice_examples::free_port;
+using sluice_examples::ping;
+using sluice_examples::redis_server;
+using sluice_examples::register_child;
+using sluice_examples::skip_exit_code;
+using sluice_examples::spawn_child;
+using sluice_examples::spawn_process;
+using sluice_examples::wait_process;
 
 // Starts a server, or ends the test binary with skip_exit_code and a message
 // (ctest then reports the test as skipped, never as passed).
@@ -246,26 +45,6 @@ inline redis_server server_or_skip(std::string unix_socket = {},
 inline redis_server& shared_redis_server() {
   static redis_server s = server_or_skip();
   return s;
-}
-
-// Child roles a test binary can run as: `<self> --child <name> args...`.
-using child_main = std::function<int(const std::vector<std::string>&)>;
-inline std::map<std::string, child_main>& child_roles() {
-  static std::map<std::string, child_main> roles;
-  return roles;
-}
-struct register_child {
-  register_child(const std::string& name, child_main f) { child_roles()[name] = std::move(f); }
-};
-
-// Starts this binary as child `name` with `args`; returns its pid.
-inline pid_t spawn_child(const std::string& name, const std::vector<std::string>& args) {
-  char self[4096] = {};
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return -1;
-  std::vector<std::string> argv = {std::string(self, static_cast<std::size_t>(n)), "--child", name};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return spawn_process(argv);
 }
 
 }  // namespace sluice_test

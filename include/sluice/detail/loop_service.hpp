@@ -38,6 +38,7 @@ struct loop_hook {
   loop_hook* prev = nullptr;
   loop_hook* next = nullptr;
   bool attached = false;
+  bool first = false;  // linked among the hooks that end first (attach_first)
   // Runs at the context's shutdown, under the life's (recursive) mutex, with
   // the hook already detached. Must not throw.
   void (*on_end)(loop_hook*) noexcept = nullptr;
@@ -59,14 +60,34 @@ class loop_life {
   bool attach(loop_hook& h) {
     const std::lock_guard<std::recursive_mutex> lock(mutex_);
     if (ended_.load(std::memory_order_relaxed)) return false;
+    h.first = false;
     link(head_, h);
     return true;
+  }
+
+  // As attach(), among the hooks whose on_end runs before every other's: the
+  // waiter lists' watches, which take the loop's waiters out of every
+  // primitive before any frame is destroyed (a destroyed frame releases what
+  // it held, and must find no dying waiter to hand it to).
+  bool attach_first(loop_hook& h) {
+    const std::lock_guard<std::recursive_mutex> lock(mutex_);
+    if (ended_.load(std::memory_order_relaxed)) return false;
+    h.first = true;
+    link(first_, h);
+    return true;
+  }
+
+  // From an on_end of a first hook: links `h` again among the others, for
+  // end() to run its (new) on_end in the second round.
+  void relink(loop_hook& h) noexcept {
+    h.first = false;
+    link(head_, h);
   }
 
   // Unlinks `h` if it is linked (a no-op once the shutdown took it).
   void detach(loop_hook& h) noexcept {
     const std::lock_guard<std::recursive_mutex> lock(mutex_);
-    unlink(head_, h);
+    unlink(h.first ? first_ : head_, h);
   }
 
   // True once the context's shutdown has begun.
@@ -96,6 +117,10 @@ class loop_life {
     std::unique_lock<std::recursive_mutex> lock(mutex_);
     ended_.store(true, std::memory_order_release);
     for (;;) {
+      while (loop_hook* h = first_) {
+        unlink(first_, *h);
+        h->on_end(h);
+      }
       while (loop_hook* h = head_) {
         unlink(head_, *h);
         h->on_end(h);
@@ -124,8 +149,9 @@ class loop_life {
   std::recursive_mutex mutex_;
   std::condition_variable_any handed_back_;
   std::atomic<bool> ended_{false};
-  loop_hook* head_ = nullptr;  // guarded by mutex_
-  std::size_t expected_ = 0;   // operations end() waits to be handed back
+  loop_hook* first_ = nullptr;  // guarded by mutex_; ended before head_
+  loop_hook* head_ = nullptr;   // guarded by mutex_
+  std::size_t expected_ = 0;    // operations end() waits to be handed back
 };
 
 // sluice's service on an execution context: owns the context's loop_life and

@@ -58,6 +58,10 @@ class permit_core {
     // Checked before the hand-off too (as CPython's BoundedSemaphore does):
     // with waiters value_ is 0, so this throws only for a bound of 0, where a
     // release could otherwise hand a waiter a permit that never existed.
+    if (owed_ > 0) {  // the release of a condition wait() destroyed with its loop
+      --owed_;
+      return;
+    }
     if (bounded_ && value_ >= bound_) throw std::logic_error(over_release_message);
     if (waiter_node* n = waiters_.pop_front()) {
       auto* w = static_cast<timed_wait*>(n);
@@ -148,6 +152,11 @@ class permit_core {
     co_await async_acquire(asio::use_awaitable, false);
   }
 
+  // A condition wait() whose frame is destroyed (its loop destroyed) between
+  // giving the lock up and getting it back counts as having got it back: the
+  // next release() (the guard it unwinds through) is swallowed.
+  void owe_release() noexcept { ++owed_; }
+
   // The instant a permit's hold begins; binds the clock to `ex` first if it
   // is not bound yet (an acquisition that never waited).
   [[nodiscard]] clock::time_point hold_start(const asio::any_io_executor& ex) {
@@ -193,6 +202,7 @@ class permit_core {
   waiter_list waiters_;
   std::size_t value_;
   std::size_t bound_;
+  std::size_t owed_ = 0;  // releases to swallow (owe_release)
   bool bounded_;
   [[no_unique_address]] affinity affinity_;
 };

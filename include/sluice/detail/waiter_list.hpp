@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/waiter_queue.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -17,86 +18,6 @@
 #include <utility>
 
 namespace sluice::detail {
-
-class waiter_list;
-
-// A pending wait, embedded in its operation object. Invariant: `owner` is the
-// list the node is linked into, or null when it is not linked.
-struct waiter_node {
-  waiter_node* prev = nullptr;
-  waiter_node* next = nullptr;
-  waiter_list* owner = nullptr;
-};
-
-// Intrusive FIFO of waiter nodes: O(1) push_back, pop_front and erase; no
-// allocation. Tracks its high-water mark for diagnostics.
-class waiter_list {
- public:
-  waiter_list() = default;
-  waiter_list(const waiter_list&) = delete;
-  waiter_list& operator=(const waiter_list&) = delete;
-
-  [[nodiscard]] bool empty() const noexcept { return head_ == nullptr; }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  [[nodiscard]] std::size_t max_size() const noexcept { return max_size_; }
-  [[nodiscard]] waiter_node* front() const noexcept { return head_; }
-
-  // Optional hook, run after a waiter was unlinked by its cancellation (its
-  // abort is already posted). A primitive whose head waiter can hold back the
-  // others (a rate limiter: a large request at the head) re-examines its queue
-  // there. Null for the others.
-  void on_cancel(void (*fn)(void*), void* context) noexcept {
-    on_cancel_ = fn;
-    on_cancel_context_ = context;
-  }
-  void notify_cancelled() {
-    if (on_cancel_ != nullptr) on_cancel_(on_cancel_context_);
-  }
-
-  void push_back(waiter_node* n) noexcept {
-    n->owner = this;
-    n->next = nullptr;
-    n->prev = tail_;
-    if (tail_ != nullptr) {
-      tail_->next = n;
-    } else {
-      head_ = n;
-    }
-    tail_ = n;
-    if (++size_ > max_size_) max_size_ = size_;
-  }
-
-  waiter_node* pop_front() noexcept {
-    waiter_node* n = head_;
-    if (n != nullptr) erase(n);
-    return n;
-  }
-
-  // Precondition: n->owner == this.
-  void erase(waiter_node* n) noexcept {
-    if (n->prev != nullptr) {
-      n->prev->next = n->next;
-    } else {
-      head_ = n->next;
-    }
-    if (n->next != nullptr) {
-      n->next->prev = n->prev;
-    } else {
-      tail_ = n->prev;
-    }
-    n->prev = n->next = nullptr;
-    n->owner = nullptr;
-    --size_;
-  }
-
- private:
-  waiter_node* head_ = nullptr;
-  waiter_node* tail_ = nullptr;
-  std::size_t size_ = 0;
-  std::size_t max_size_ = 0;
-  void (*on_cancel_)(void*) = nullptr;
-  void* on_cancel_context_ = nullptr;
-};
 
 // A waiting operation whose completion starts with an error code; payloads
 // (a queue item) live in derived node types. complete() unlinks nothing: the
@@ -206,7 +127,10 @@ class handler_op final : public Node {
       : Node(std::forward<NodeArgs>(args)...), handler_(std::forward<H>(h)) {
     if constexpr (!has_own_executor<Handler>) fallback_ = fallback;
     this->complete_fn = &do_complete;
+    this->discard_fn = &discard_node;
   }
+
+  static void discard_node(waiter_node* n) noexcept { discard(static_cast<handler_op*>(n)); }
 
   asio::any_io_executor fallback() const {
     if constexpr (has_own_executor<Handler>) {
@@ -306,14 +230,23 @@ inline void abort_all(waiter_list& list) {
 template <class Node, class Deliver, class Handler, class... NodeArgs>
 wait_op* start_wait(Handler&& handler, const asio::any_io_executor& fallback, const char* what,
                     waiter_list& list, bool ready, bool cancellable, NodeArgs&&... args) {
-  using op_type = handler_op<std::decay_t<Handler>, Node, Deliver>;
-  require_executor<std::decay_t<Handler>>(fallback, what);
+  using handler_type = std::decay_t<Handler>;
+  using op_type = handler_op<handler_type, Node, Deliver>;
+  require_executor<handler_type>(fallback, what);
+  asio::execution_context* loop = nullptr;
+  if constexpr (completes_on_loop<handler_type>) {
+    if (!ready) {
+      const auto ex = asio::get_associated_executor(handler, fallback);
+      loop = list.watch(&asio::query(ex, asio::execution::context_as<asio::execution_context&>));
+    }
+  }
   op_type* op =
       op_type::create(std::forward<Handler>(handler), fallback, std::forward<NodeArgs>(args)...);
   if (ready) {
     op->complete(error_code{});
     return nullptr;
   }
+  op->loop = loop;
   list.push_back(op);
   if (cancellable) op->arm_cancellation();
   return op;

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: BSL-1.0
-#ifndef SLUICE_TESTS_SUPPORT_SLOW_SERVER_HPP
-#define SLUICE_TESTS_SUPPORT_SLOW_SERVER_HPP
+#ifndef SLUICE_EXAMPLES_SUPPORT_SLOW_SERVER_HPP
+#define SLUICE_EXAMPLES_SUPPORT_SLOW_SERVER_HPP
 
 // A real slow provider over TCP on loopback, shared by examples/slow_server.cpp,
-// examples/fanout_client.cpp and tests/tcp_provider_test.cpp.
+// examples/fanout_client.cpp, examples/http_gateway.cpp and
+// tests/tcp_provider_test.cpp. It ships beside the examples and includes
+// installed headers only: copy it with the example that includes it.
 //
 // Line protocol, one request per line:
 //   GET <key>   ->  OK <key> <ms>        after a latency from the model
@@ -18,21 +20,8 @@
 // The client side: request() opens one connection per call, so a fan-out that
 // is not bounded shows up as open file descriptors.
 
+#include <sluice/asio.hpp>
 #include <sluice/outcome.hpp>
-
-#include <support/asio.hpp>
-
-#if defined(SLUICE_USE_BOOST_ASIO)
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/read_until.hpp>
-#include <boost/asio/redirect_error.hpp>
-#include <boost/asio/write.hpp>
-#else
-#include <asio/ip/tcp.hpp>
-#include <asio/read_until.hpp>
-#include <asio/redirect_error.hpp>
-#include <asio/write.hpp>
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -48,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-namespace sluice_test {
+namespace sluice_examples {
 
 struct server_options {
   /// Latency of request number `index` (0-based, in arrival order) for `key`.
@@ -232,6 +221,6 @@ struct reply_tally {
   }
 };
 
-}  // namespace sluice_test
+}  // namespace sluice_examples
 
-#endif  // SLUICE_TESTS_SUPPORT_SLOW_SERVER_HPP
+#endif  // SLUICE_EXAMPLES_SUPPORT_SLOW_SERVER_HPP

@@ -2,18 +2,18 @@
 // The provider whose capacity changes (8 in flight for 5 minutes, then 3 for
 // 5 minutes, then 12), run in virtual time through a fixed semaphore, an
 // adaptive_limit, or an oracle that knows the capacity at every instant.
-// Shared by tests/adaptive_limit_test.cpp and examples/adaptive_limits.cpp.
-#ifndef SLUICE_TEST_SUPPORT_CAPACITY_SCENARIO_HPP
-#define SLUICE_TEST_SUPPORT_CAPACITY_SCENARIO_HPP
+// Shared by tests/adaptive_limit_test.cpp and examples/adaptive_limits.cpp; it
+// ships beside the examples and includes installed headers only.
+#ifndef SLUICE_EXAMPLES_SUPPORT_CAPACITY_SCENARIO_HPP
+#define SLUICE_EXAMPLES_SUPPORT_CAPACITY_SCENARIO_HPP
 
 #include <sluice/adaptive_limit.hpp>
+#include <sluice/asio.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/semaphore.hpp>
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
-
-#include <support/asio.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-namespace sluice_test::capacity {
+namespace sluice_examples::capacity {
 
 using namespace std::chrono_literals;
 
@@ -146,6 +146,6 @@ result run_adaptive(std::string name, Algorithm algorithm) {
   return run_limit(std::move(name), cap, false);
 }
 
-}  // namespace sluice_test::capacity
+}  // namespace sluice_examples::capacity
 
-#endif  // SLUICE_TEST_SUPPORT_CAPACITY_SCENARIO_HPP
+#endif  // SLUICE_EXAMPLES_SUPPORT_CAPACITY_SCENARIO_HPP

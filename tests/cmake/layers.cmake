@@ -1,0 +1,32 @@
+# SPDX-License-Identifier: BSL-1.0
+# The headers' layers point one way (issue 18, section 7): detail/ never
+# includes time.hpp (built on detail/virtual_clock.hpp) or anything of redis/;
+# redis/detail/ includes no public Redis header built on it (semaphore.hpp,
+# rate_limiter.hpp, cluster.hpp, sentinel.hpp; the connection, its options and
+# replies, and the permit type are below it). Fails naming each include that
+# points up (it failed on the tree before the fix: detail/redis_io.hpp and
+# detail/redis_script.hpp included redis/).
+set(bad)
+file(GLOB detail_headers ${SOURCE_DIR}/include/sluice/detail/*.hpp)
+foreach(h IN LISTS detail_headers)
+  file(STRINGS ${h} includes REGEX "^#include <sluice/")
+  foreach(line IN LISTS includes)
+    if(line MATCHES "^#include <sluice/(time|redis/[a-z_/]+)\\.hpp>")
+      list(APPEND bad "${h}: ${line}")
+    endif()
+  endforeach()
+endforeach()
+file(GLOB redis_detail_headers ${SOURCE_DIR}/include/sluice/redis/detail/*.hpp)
+foreach(h IN LISTS redis_detail_headers)
+  file(STRINGS ${h} includes REGEX "^#include <sluice/")
+  foreach(line IN LISTS includes)
+    if(line MATCHES "^#include <sluice/(time|redis/(semaphore|rate_limiter|cluster|sentinel))\\.hpp>")
+      list(APPEND bad "${h}: ${line}")
+    endif()
+  endforeach()
+endforeach()
+if(bad)
+  string(REPLACE ";" "\n" bad "${bad}")
+  message(FATAL_ERROR "includes that point up a layer:\n${bad}")
+endif()
+message(STATUS "detail/ and redis/detail/ include nothing above them")
