@@ -109,8 +109,9 @@ asio::awaitable<std::shared_ptr<sluice::redis::connection>> limits_connection(
     sluice::redis::options o;
     o.connect_timeout = 1s;  // calls to the dead primary fail fast, and are tried again
     o.command_timeout = 1s;
-    auto op = sluice::redis::connect_sentinel(co_await asio::this_coro::executor,
-                                              sluice_examples::sentinels_of(sentinels), "mymaster", o);
+    auto op =
+        sluice::redis::connect_sentinel(co_await asio::this_coro::executor,
+                                        sluice_examples::sentinels_of(sentinels), "mymaster", o);
     co_return co_await std::move(op);
   }
   if (cluster_port <= 0) co_return plain;
@@ -143,8 +144,8 @@ int run_client(int port, int replica, double scale, const std::string& mode, int
         // tests/redis_lease_safety_test.cpp pauses a holder to see one rejected.
         auto provider = [&](const std::string& query, std::int64_t token) -> asio::awaitable<void> {
           co_await conn->execute("EVAL", enter_provider_lua, "2", inflight, peak);
-          if (mode == "sentinel") co_await conn->execute("RPUSH", "provider:starts",
-                                                         std::to_string(now_ns()));
+          if (mode == "sentinel")
+            co_await conn->execute("RPUSH", "provider:starts", std::to_string(now_ns()));
           bool cancelled = false;  // the lease stopped being certain (the failover)
           try {
             const auto latency = std::chrono::milliseconds(
@@ -152,8 +153,7 @@ int run_client(int port, int replica, double scale, const std::string& mode, int
             co_await sluice_examples::sleep_ms(latency.count());
             if (token != 0) {
               sluice::redis::reply r = co_await conn->execute(
-                  "EVAL", fenced_write_lua, "3",
-                  "provider:record:" + query, "provider:tokens",
+                  "EVAL", fenced_write_lua, "3", "provider:record:" + query, "provider:tokens",
                   "provider:rejected", std::to_string(token));
               (void)r;
             }
@@ -214,9 +214,9 @@ fleet_result run_fleet(int port, const char* scale, const std::string& mode, int
   const std::string ports = sentinels != nullptr ? sentinels->ports_csv() : "";
   std::vector<pid_t> pids;
   for (int r = 0; r < 4; ++r) {
-    pids.push_back(sluice_examples::spawn_child(
-        "client", {std::to_string(port), std::to_string(r), scale, mode,
-                   std::to_string(cluster_port), ports}));
+    pids.push_back(
+        sluice_examples::spawn_child("client", {std::to_string(port), std::to_string(r), scale,
+                                                mode, std::to_string(cluster_port), ports}));
   }
   if (during) {
     asio::io_context ctx;
@@ -224,7 +224,8 @@ fleet_result run_fleet(int port, const char* scale, const std::string& mode, int
   }
   fleet_result out;
   if (sentinels != nullptr) {  // crash the primary while the fleet runs
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::strcmp(scale, "0.01") == 0 ? 300 : 800));
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::strcmp(scale, "0.01") == 0 ? 300 : 800));
     out.killed_ns = now_ns();
     sentinels->kill_primary();
   }
@@ -309,8 +310,8 @@ int sentinel_demo(const char* scale) {
       "  max in flight at the provider: %lld (the provider allows 5), %.2f s\n"
       "  first call on the promoted replica %.2f s after the SIGKILL\n"
       "  fencing tokens the provider saw: %zu writes, %s; stale writes rejected: %lld\n",
-      r.max_in_flight, r.seconds, resume, v.tokens.size(),
-      distinct ? "all distinct" : "DUPLICATES", v.rejected);
+      r.max_in_flight, r.seconds, resume, v.tokens.size(), distinct ? "all distinct" : "DUPLICATES",
+      v.rejected);
   const bool ok = r.ok && r.max_in_flight >= 1 && r.max_in_flight <= 5 && resume > 0 && distinct &&
                   v.tokens.size() >= 4 * queries.size() && v.rejected == 0;
   if (!ok) std::printf("UNEXPECTED: the fleet-wide cap or the fencing did not hold\n");
@@ -392,12 +393,13 @@ int main(int argc, char** argv) {
     co_await m.move_keys();
     co_await sluice_examples::sleep_ms(50);
     co_await m.finish();
-    moved = "slot " + std::to_string(slot) + " of {places-api} moved from :" +
-            std::to_string(from) + " to :" + std::to_string(to) + " mid-run";
+    moved = "slot " + std::to_string(slot) +
+            " of {places-api} moved from :" + std::to_string(from) + " to :" + std::to_string(to) +
+            " mid-run";
   };
-  const fleet_result shared =
-      cluster ? run_fleet(server->port(), scale, "redis", cluster_port, reshard)
-              : run_fleet(server->port(), scale, "redis");
+  const fleet_result shared = cluster
+                                  ? run_fleet(server->port(), scale, "redis", cluster_port, reshard)
+                                  : run_fleet(server->port(), scale, "redis");
   std::printf(
       "one sluice::redis::semaphore{5} + rate_limiter{200/s} shared by the fleet%s:\n"
       "  max in flight at the provider: %lld, %.2f s%s%s\n",

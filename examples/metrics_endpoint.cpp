@@ -232,8 +232,12 @@ asio::awaitable<void> fleet_workload(unsigned short redis_port, std::unique_ptr<
   auto conn =
       co_await sluice::redis::connect(co_await asio::this_coro::executor, "127.0.0.1", redis_port);
   f = std::make_unique<fleet_limits>(conn);
-  limits.push_back({"fleet_cap", [p = f.get()] { return p->cap.stats(); }});
-  limits.push_back({"fleet_rpm", [p = f.get()] { return p->rpm.stats(); }});
+  limits.push_back({"fleet_cap", [p = f.get()] {
+                      return p->cap.stats();
+                    }});
+  limits.push_back({"fleet_rpm", [p = f.get()] {
+                      return p->rpm.stats();
+                    }});
   std::vector<asio::awaitable<void>> calls;
   for (int i = 0; i < 4; ++i) calls.push_back(fleet_call(*f, api));
   co_await sluice::gather(std::move(calls));

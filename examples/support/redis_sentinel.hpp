@@ -60,8 +60,7 @@ class redis_sentinels {
       return std::nullopt;
     }
     if (auto r = redis_server::start(
-            {}, {"--replicaof", "127.0.0.1", std::to_string(d.primary_->port()), "--dir",
-                 d.dir_}))
+            {}, {"--replicaof", "127.0.0.1", std::to_string(d.primary_->port()), "--dir", d.dir_}))
       d.replica_.emplace(std::move(*r));
     if (!d.replica_ ||
         !d.wait_for(d.replica_->port(), "INFO", "replication", "master_link_status:up")) {

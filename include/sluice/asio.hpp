@@ -32,7 +32,9 @@
 ///
 /// int main() {
 ///   asio::io_context ctx;   // standalone Asio or Boost.Asio, as configured
-///   asio::co_spawn(ctx, sluice::sleep(std::chrono::seconds(1)), asio::detached);
+///   asio::co_spawn(ctx, sluice::sleep(std::chrono::seconds(1)), [](std::exception_ptr e) {
+///     if (e) std::rethrow_exception(e);   // out of ctx.run(): nothing is dropped
+///   });
 ///   ctx.run();
 /// }
 /// @endcode

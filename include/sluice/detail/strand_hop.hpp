@@ -80,11 +80,17 @@ class hop_completion {
  public:
   hop_completion(Handler&& h, asio::executor_work_guard<work_executor>&& w, std::exception_ptr e,
                  std::shared_ptr<hop_box<R>> b, Lost&& lost)
-      : handler_(std::move(h)), work_(std::move(w)), error_(std::move(e)), box_(std::move(b)),
+      : handler_(std::move(h)),
+        work_(std::move(w)),
+        error_(std::move(e)),
+        box_(std::move(b)),
         lost_(std::move(lost)) {}
   hop_completion(hop_completion&& o)
-      : handler_(std::move(o.handler_)), work_(std::move(o.work_)), error_(std::move(o.error_)),
-        box_(std::move(o.box_)), lost_(std::move(o.lost_)) {
+      : handler_(std::move(o.handler_)),
+        work_(std::move(o.work_)),
+        error_(std::move(o.error_)),
+        box_(std::move(o.box_)),
+        lost_(std::move(o.lost_)) {
     o.handler_.reset();
   }
   hop_completion& operator=(hop_completion&&) = delete;
@@ -132,7 +138,9 @@ struct hop_return final : loop_hook {
   using executor_type = asio::associated_executor_t<Handler, asio::any_io_executor>;
 
   hop_return(Handler&& h, executor_type ex, std::weak_ptr<hop_box<R>> b, asio::any_io_executor s)
-      : handler(std::move(h)), work(std::in_place, std::move(ex)), box(std::move(b)),
+      : handler(std::move(h)),
+        work(std::in_place, std::move(ex)),
+        box(std::move(b)),
         strand(std::move(s)) {
     on_end = &orphan;
   }
@@ -267,9 +275,9 @@ struct hop_initiation {
         return;
       }
       auto cs = box->signal.slot();
-      asio::co_spawn(s, hop_body<R>(box, std::move(make)),
-                     asio::bind_cancellation_slot(
-                         cs, finish{box, std::move(caller), std::move(lost)}));
+      asio::co_spawn(
+          s, hop_body<R>(box, std::move(make)),
+          asio::bind_cancellation_slot(cs, finish{box, std::move(caller), std::move(lost)}));
     });
   }
 };

@@ -92,13 +92,13 @@ namespace sluice::redis {
 /// (e.g. `ERR This instance has cluster support disabled`).
 ///
 /// @code
-/// auto conn = co_await sluice::redis::connect_cluster(ex, {{"10.0.0.1", 7000}, {"10.0.0.2", 7000}},
+/// auto conn = co_await sluice::redis::connect_cluster(ex, {{"10.0.0.1", 7000}, {"10.0.0.2",
+/// 7000}},
 ///                                                     {.password = "secret"});
 /// sluice::redis::semaphore cap{conn, "places-api", 5, std::chrono::seconds(10)};  // unchanged
 /// @endcode
 [[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect_cluster(
-    asio::any_io_executor ex, std::vector<std::pair<std::string, std::uint16_t>> seeds,
-    options o) {
+    asio::any_io_executor ex, std::vector<std::pair<std::string, std::uint16_t>> seeds, options o) {
   std::vector<sluice::detail::redis_node_addr> addrs;
   for (auto& [host, port] : seeds) {
     error_code ec;

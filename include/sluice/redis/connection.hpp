@@ -117,7 +117,8 @@ class connection {
   auto async_execute(std::vector<std::string> args, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code, reply)>(
         [io = io_.get(), cl = cluster_.get()](auto&& handler, std::vector<std::string> a) {
-          if (cl != nullptr) return cl->submit(std::move(a), std::forward<decltype(handler)>(handler));
+          if (cl != nullptr)
+            return cl->submit(std::move(a), std::forward<decltype(handler)>(handler));
           io->submit(a, std::forward<decltype(handler)>(handler));
         },
         token, std::move(args));
@@ -293,15 +294,20 @@ inline asio::awaitable<std::shared_ptr<redis::connection>> redis_cluster_open(
     throw std::invalid_argument("sluice::redis::connect_cluster: no seed node given");
   auto cl = std::make_shared<redis_cluster>(ex, std::move(opts));
   for (const auto& a : seeds) cl->node(a);
-  auto init = [cl](auto&& handler) { cl->refresh(std::forward<decltype(handler)>(handler)); };
+  auto init = [cl](auto&& handler) {
+    cl->refresh(std::forward<decltype(handler)>(handler));
+  };
   error_code ec;
   auto token = asio::redirect_error(asio::use_awaitable, ec);
   auto op = asio::async_initiate<decltype(token), void(error_code, std::string)>(init, token);
   const std::string text = co_await std::move(op);
   if (ec) {
     cl->shutdown();
-    auto idle = [cl](auto&& handler) { cl->wait_idle(std::forward<decltype(handler)>(handler)); };
-    auto wait = asio::async_initiate<decltype(asio::use_awaitable), void()>(idle, asio::use_awaitable);
+    auto idle = [cl](auto&& handler) {
+      cl->wait_idle(std::forward<decltype(handler)>(handler));
+    };
+    auto wait =
+        asio::async_initiate<decltype(asio::use_awaitable), void()>(idle, asio::use_awaitable);
     co_await std::move(wait);
     if (ec == redis::make_error_code(redis::errc::protocol_error) && !text.empty())
       throw redis::server_error(text);

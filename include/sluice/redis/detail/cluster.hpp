@@ -32,12 +32,12 @@ struct redis_cluster_cmd {
   std::vector<std::string> args;
   int slot = -1;                                     // -1: no key (the default node)
   erased_handler<error_code, redis::reply> handler;  // empty once completed (or cancelled)
-  std::optional<redis_node_addr> ask;  // next send: ASKING, then the command there
-  bool asked = false;                  // the last send was after an ASKING
-  bool load = false;                   // next send: SCRIPT LOAD <source> first
-  bool reloaded = false;               // NOSCRIPT handled once
-  int redirects = 0;                   // MOVED/ASK followed
-  int retries = 0;                     // TRYAGAIN/CLUSTERDOWN waited out
+  std::optional<redis_node_addr> ask;                // next send: ASKING, then the command there
+  bool asked = false;                                // the last send was after an ASKING
+  bool load = false;                                 // next send: SCRIPT LOAD <source> first
+  bool reloaded = false;                             // NOSCRIPT handled once
+  int redirects = 0;                                 // MOVED/ASK followed
+  int retries = 0;                                   // TRYAGAIN/CLUSTERDOWN waited out
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::chrono::milliseconds delay{0};  // wait before the next send
 };
@@ -206,10 +206,10 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
   // The commands of one slot (see the class invariants).
   struct line {
     std::size_t inflight = 0;
-    int node = -1;                  // where the in-flight commands went
-    std::deque<cmd_ptr> queue;      // re-sends first (`resends` of them), then fresh ones
-    std::size_t resends = 0;        // re-sends queued while others were in flight
-    bool alone = false;             // queue.front() was sent alone; its reply is awaited
+    int node = -1;              // where the in-flight commands went
+    std::deque<cmd_ptr> queue;  // re-sends first (`resends` of them), then fresh ones
+    std::size_t resends = 0;    // re-sends queued while others were in flight
+    bool alone = false;         // queue.front() was sent alone; its reply is awaited
     std::unique_ptr<asio::steady_timer> timer;  // armed: queue.front() waits out a delay
     bool waiting = false;
   };
@@ -397,9 +397,9 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
   // Asks order[i] for CLUSTER SLOTS; on failure the next node.
   void ask_slots(std::vector<int> order, std::size_t i, error_code last, std::string text) {
     if (closed_) return refreshed(redis::make_error_code(redis::errc::closed), {});
-    if (i >= order.size()) return refreshed(last ? last : redis::make_error_code(
-                                                              redis::errc::protocol_error),
-                                            std::move(text));
+    if (i >= order.size())
+      return refreshed(last ? last : redis::make_error_code(redis::errc::protocol_error),
+                       std::move(text));
     const int n = order[i];
     ios_.at(n)->submit({"CLUSTER", "SLOTS"}, [self = shared_from_this(), order = std::move(order),
                                               i, n](error_code ec, redis::reply r) mutable {
@@ -467,7 +467,7 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
   std::unordered_map<std::string, int> index_;  // "host:port" -> index
   std::vector<int> owner_;                      // slot -> node index, -1 unknown
   int default_ = 0;
-  std::unordered_map<int, line> lines_;               // slot -> its line, while busy
+  std::unordered_map<int, line> lines_;                   // slot -> its line, while busy
   std::unordered_map<std::string, std::string> scripts_;  // sha -> source (SCRIPT LOAD)
   std::size_t alive_ = 0;
   std::size_t ops_ = 0;

@@ -39,7 +39,8 @@ inline constexpr std::array<std::uint16_t, 256> redis_crc16_table = [] {
 
 constexpr std::uint16_t redis_crc16(std::string_view s) noexcept {
   unsigned crc = 0;
-  for (unsigned char c : s) crc = ((crc << 8) ^ redis_crc16_table[((crc >> 8) ^ c) & 0xFFU]) & 0xFFFFU;
+  for (unsigned char c : s)
+    crc = ((crc << 8) ^ redis_crc16_table[((crc >> 8) ^ c) & 0xFFU]) & 0xFFFFU;
   return static_cast<std::uint16_t>(crc);
 }
 
@@ -58,7 +59,9 @@ constexpr int redis_key_slot(std::string_view key) noexcept {
 inline bool redis_iequals(std::string_view a, std::string_view b) noexcept {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto up = [](char c) { return c >= 'a' && c <= 'z' ? static_cast<char>(c - 32) : c; };
+    const auto up = [](char c) {
+      return c >= 'a' && c <= 'z' ? static_cast<char>(c - 32) : c;
+    };
     if (up(a[i]) != up(b[i])) return false;
   }
   return true;
@@ -90,14 +93,15 @@ inline std::optional<std::size_t> redis_parse_count(std::string_view s) {
 inline std::optional<std::size_t> redis_command_key(const std::vector<std::string>& args) {
   if (args.size() < 2) return std::nullopt;
   const std::string& name = args[0];
-  if (redis_is_one_of(name, {"PING", "ECHO", "INFO", "TIME", "SCRIPT", "FUNCTION", "CLUSTER",
-                             "CONFIG", "CLIENT", "COMMAND", "DBSIZE", "FLUSHALL", "FLUSHDB", "KEYS",
-                             "SCAN", "RANDOMKEY", "PUBLISH", "SUBSCRIBE", "PSUBSCRIBE",
-                             "UNSUBSCRIBE", "PUNSUBSCRIBE", "PUBSUB", "AUTH", "HELLO", "SELECT",
-                             "DEBUG", "SLOWLOG", "LATENCY", "LASTSAVE", "SAVE", "BGSAVE",
-                             "BGREWRITEAOF", "ROLE", "WAIT", "READONLY", "READWRITE", "ASKING",
-                             "QUIT", "RESET", "SHUTDOWN", "MONITOR", "SWAPDB", "REPLICAOF",
-                             "SLAVEOF", "MODULE", "ACL", "FAILOVER", "LOLWUT"}))
+  if (redis_is_one_of(
+          name, {"PING",       "ECHO",         "INFO",         "TIME",      "SCRIPT",   "FUNCTION",
+                 "CLUSTER",    "CONFIG",       "CLIENT",       "COMMAND",   "DBSIZE",   "FLUSHALL",
+                 "FLUSHDB",    "KEYS",         "SCAN",         "RANDOMKEY", "PUBLISH",  "SUBSCRIBE",
+                 "PSUBSCRIBE", "UNSUBSCRIBE",  "PUNSUBSCRIBE", "PUBSUB",    "AUTH",     "HELLO",
+                 "SELECT",     "DEBUG",        "SLOWLOG",      "LATENCY",   "LASTSAVE", "SAVE",
+                 "BGSAVE",     "BGREWRITEAOF", "ROLE",         "WAIT",      "READONLY", "READWRITE",
+                 "ASKING",     "QUIT",         "RESET",        "SHUTDOWN",  "MONITOR",  "SWAPDB",
+                 "REPLICAOF",  "SLAVEOF",      "MODULE",       "ACL",       "FAILOVER", "LOLWUT"}))
     return std::nullopt;
   if (redis_is_one_of(name, {"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"})) {
     const auto n = args.size() > 2 ? redis_parse_count(args[2]) : std::nullopt;
@@ -203,7 +207,8 @@ inline std::vector<redis_slot_range> redis_parse_slots(const redis::reply& r,
       throw bad();
     std::string host = node.elements[0].str;
     if (host.empty() || host == "?") host = asked;
-    out.push_back({static_cast<int>(first), static_cast<int>(last),
+    out.push_back({static_cast<int>(first),
+                   static_cast<int>(last),
                    {std::move(host), static_cast<std::uint16_t>(port)}});
   }
   return out;
