@@ -20,8 +20,8 @@
 #                and the README's headline (<!-- bench-headline:begin/end -->)
 #   make bench-peers  sluice beside Go, tokio, asyncio and Trio on the same workloads
 #                (benchmarks/peers.py; installs PEER_PACKAGES, builds the Go and Rust peers
-#                offline): build/bench/peers.json, the block between <!-- bench-peers:begin/end -->
-#                of docs/performance.md, and report.json + the ns/task plot rebuilt from every
+#                offline): build/bench/peers.json, the blocks between <!-- bench-peers:begin/end -->
+#                of docs/performance.md and README.md, and report.json + the ns/task plot rebuilt from every
 #                JSON in build/bench (`make bench-docs` afterwards puts the plot in docs/).
 #                Not in CI (it installs toolchains).
 #   make adaptive-docs  the adaptive_limit table and plot (examples/adaptive_limits, virtual
@@ -123,7 +123,7 @@ bench-peers: deps
 	cmake --build build/bench -j$(JOBS) --target sluice_peer
 	$(call configure,bench-boost,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_USE_BOOST_ASIO=ON)
 	cmake --build build/bench-boost -j$(JOBS) --target sluice_peer
-	$(PYTHON) benchmarks/peers.py --build build/bench --boost-build build/bench-boost --out build/bench --page docs/performance.md $(PEERS_ARGS)
+	$(PYTHON) benchmarks/peers.py --build build/bench --boost-build build/bench-boost --out build/bench --page docs/performance.md --readme README.md $(PEERS_ARGS)
 	$(PYTHON) benchmarks/report.py --no-run --out build/bench >/dev/null
 
 adaptive-docs: deps

@@ -5,6 +5,7 @@ workloads, built offline from Debian packages, interleaved, checked.
   python3 benchmarks/peers.py [--build build/bench] [--boost-build build/bench-boost]
                               [--out build/bench] [--rounds 5] [--n 100000]
                               [--py-n 20000] [--rss-n 1000000] [--page docs/performance.md]
+                              [--readme README.md]
 
 1. Builds the peers into OUT/peers/: benchmarks/peers/go (GO111MODULE=off,
    GOPATH=/usr/share/gocode: golang-go, golang-golang-x-sync-dev) and
@@ -23,7 +24,8 @@ workloads, built offline from Debian packages, interleaved, checked.
    --rss-n lazy inputs once, the program's own VmHWM (/proc/self/status).
 4. Writes OUT/peers.json (report.py folds it into report.json and the ns/task
    plot) and, with --page, the block between <!-- bench-peers:begin --> and
-   <!-- bench-peers:end --> of that page.
+   <!-- bench-peers:end --> of that page (every column); with --readme, the
+   same block of the README (sluice, the Asio floor and the other languages).
 """
 import argparse
 import json
@@ -141,6 +143,7 @@ def main():
     ap.add_argument("--py-n", type=int, default=20_000)
     ap.add_argument("--rss-n", type=int, default=1_000_000)
     ap.add_argument("--page")
+    ap.add_argument("--readme")
     a = ap.parse_args()
     t_start = time.monotonic()
     peers_dir, versions = build_peers(a.out)
@@ -185,18 +188,26 @@ def main():
         json.dump(dict(context=context, results=results), f, indent=1)
     block = table(results, context)
     print(block)
+    sys.path.insert(0, HERE)
+    from report import rewrite_block
     if a.page:
-        sys.path.insert(0, HERE)
-        from report import rewrite_block
         rewrite_block(a.page, block, "<!-- bench-peers:begin -->", "<!-- bench-peers:end -->")
+    if a.readme:
+        rewrite_block(a.readme, table(results, context, README_COLUMNS),
+                      "<!-- bench-peers:begin -->", "<!-- bench-peers:end -->")
 
 
 def fmt(v):
     return "—" if v is None else (f"{v:.1f}" if v < 100 else f"{v:,.0f}")
 
 
-def table(results, ctx):
-    cols = [(c, label) for c, _, label in COLUMNS if any(k.startswith(c + "/") for k in results)]
+# The README's table: sluice beside its floor and the other languages.
+README_COLUMNS = ("sluice", "floor", "go", "tokio", "asyncio", "trio")
+
+
+def table(results, ctx, only=None):
+    cols = [(c, label) for c, _, label in COLUMNS
+            if any(k.startswith(c + "/") for k in results) and (only is None or c in only)]
     rows = [("bounded fan-out (limit 100), immediate tasks (ns/task)", "fanout/immediate"),
             ("bounded fan-out (limit 100), tasks that suspend once (ns/task)", "fanout/suspending"),
             ("streaming unordered (limit 64), immediate (ns/task)", "stream/immediate"),
