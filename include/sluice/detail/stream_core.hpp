@@ -531,6 +531,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
           // A consumer on another executor than the workers' (a stream moved
           // to another strand) is completed by a post of its own.
           consumer_on_ex_ = asio::get_associated_executor(handler, *ex_) == *ex_;
+          consumer_aborted_ = false;
           consumer_.hold(std::move(handler), *ex_);
           // The sink (if any) takes results while this consumer waits: it
           // runs on the workers' executor, the buffer is empty (next() found
