@@ -115,7 +115,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     // frame: a started stream, not finished, this the only consumer, not
     // cancelled. It is wait_next()'s first round, word for word; wait_next()
     // does the rest (a start, a cancelled caller, the end, a cancelled wait, a
-    // wake without a result) as it would have.
+    // wake without a result) as it would have. (A wait_next() frame per wave
+    // on top of this one and Asio's for the wait is one more than Asio's
+    // frame cache, two blocks, recycles: a heap allocation per wave.)
     if (c->started_ && !c->consumer_ && !c->finished()) {
       const auto state = co_await asio::this_coro::cancellation_state;
       if (state.cancelled() == asio::cancellation_type::none) {
@@ -513,9 +515,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   // The waiter inside next(): completes when a result is buffered or the
   // stream finished; a cancelled consumer (cancelled while it waits, or
   // already before: cancel_now) stops the stream and completes with
-  // operation_aborted once every worker has left (consumer_aborted_: no
-  // error_code through the handler, whose redirect_error wrapper would make
-  // Asio's frame for this wait too big for its frame cache).
+  // operation_aborted once every worker has left (consumer_aborted_, read
+  // when it resumes: no error_code through the handler, whose redirect_error
+  // wrapper costs an initiation and a handler of its own per wave).
   auto async_wait(bool cancel_now) {
     return asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
         [this, cancel_now](auto handler) {
