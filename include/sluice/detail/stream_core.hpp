@@ -146,8 +146,8 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   // From a wait in next() (waited): `was` is the caller's throw_if_cancelled
   // to put back; `aborted`: that wait completed with operation_aborted.
   static asio::awaitable<std::optional<T>, Executor> wait_next(std::shared_ptr<stream_core> c,
-                                                              bool waited = false, bool was = true,
-                                                              bool aborted = false) {
+                                                               bool waited = false, bool was = true,
+                                                               bool aborted = false) {
     bool cancelled = false;
     if (waited) {
       co_await asio::this_coro::throw_if_cancelled(was);
@@ -650,9 +650,9 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   bool ending_ = false;  // exhausted_ || stopping_: no input will be pulled any more
   bool consumer_cancelled_ = false;
   bool consumer_aborted_ = false;  // the consumer's wait completes with operation_aborted
-  bool consumer_on_ex_ = true;    // the waiting consumer runs on ex_
-  bool deferring_kicks_ = false;  // inside resume_consumer()'s post
-  bool kick_deferred_ = false;    // a kick deferred until it returns
+  bool consumer_on_ex_ = true;     // the waiting consumer runs on ex_
+  bool deferring_kicks_ = false;   // inside resume_consumer()'s post
+  bool kick_deferred_ = false;     // a kick deferred until it returns
   bool input_shut_ = false;
 };
 
