@@ -1137,6 +1137,38 @@ TEST_CASE("a consumer of a pipeline cancelled in next() stops both stages before
   });
 }
 
+TEST_CASE("a pipeline consumer cancelled in a later next() stops both stages before it throws",
+          "[stream]") {
+  // The second next() waits in next()'s own frame (a started stream), not in
+  // the one that starts the stream. When it is cancelled, the downstream is
+  // busy with item 1 (not pulling) while the upstream runs items 2.. ahead:
+  // only closing the upstream stops them.
+  using namespace asio::experimental::awaitable_operators;
+  virtual_loop loop;
+  slow_service up({.latency = latency::from(
+                       [](const auto& c) -> nanoseconds { return c.index < 2 ? 100ms : 5s; })});
+  slow_service down({.latency = latency::fixed(1s)});
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered(
+        [&](int i) { return call(down, i); },
+        sluice::map_unordered([&](int i) { return call(up, i); }, iota_vec(100), 8), 1);
+    auto first = co_await s.next();
+    CHECK(first == 0);
+    CHECK(loop.now() == 1100ms);
+    CHECK(up.in_flight() > 0);
+    auto x = co_await (sluice_test::ending_of(s.next()) || sluice::sleep(500ms));
+    CHECK(x.index() == 1);
+    CHECK(loop.now() == 1600ms);
+    CHECK(down.in_flight() == 0);
+    CHECK(up.in_flight() == 0);
+    const auto calls = up.calls();
+    co_await sluice::sleep(10s);
+    CHECK(up.calls() == calls);
+    auto after = co_await s.next();
+    CHECK(!after);
+  });
+}
+
 TEST_CASE("map_unordered on a strand survives failure, cancellation and destruction", "[stream]") {
   using namespace asio::experimental::awaitable_operators;
   virtual_loop loop;

@@ -161,7 +161,8 @@ class map_core final
       // not one per task.
       std::optional<input_value> input;
       while (!c->ending()) {
-        if (!c->may_pull()) {
+        // (A range is pulled inline: no other worker can be pulling it.)
+        if (!(is_async ? c->may_pull() : c->has_free_slot())) {
           co_await c->park();
           c->unparked();
           continue;
@@ -209,16 +210,14 @@ class map_core final
         c->progress_.started();
         if constexpr (!Settle && !Filter && !std::is_void_v<result_type>) {
           // The common case: the result goes straight to deliver().
-          bool task_done = false;
           try {
             result_type r = co_await std::invoke(c->fn_, std::move(*input));
-            task_done = true;
+            input.reset();  // the task is done: an exception now is not its
             c->task_ended();
             c->progress_.ended(false);
-            input.reset();
             c->deliver(self, std::move(r));
           } catch (...) {
-            if (task_done) throw;  // the machinery's, not the task's (see below)
+            if (!input) throw;  // the machinery's, not the task's (see below)
             c->task_ended();
             c->progress_.ended(true);
             input.reset();

@@ -72,7 +72,8 @@ class range_cursor {
 
  private:
   void begin_once() {
-    if (it_) return;
+    if (it_) [[likely]]
+      return;
     it_.emplace(std::ranges::begin(holder_.get()));
     end_.emplace(std::ranges::end(holder_.get()));
   }

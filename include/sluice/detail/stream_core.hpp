@@ -111,38 +111,75 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     // cancellation state (a stream not started yet has none). While another
     // next() waits, nothing is buffered (a result wakes it at once).
     if (std::optional<T> out; c->try_take(out)) co_return out;
-    co_return co_await wait_next(c->shared_from_this());
+    // The common wait, between two waves of results, runs here, in this
+    // frame: a started stream, not finished, this the only consumer, not
+    // cancelled. It is wait_next()'s first round, word for word; wait_next()
+    // does the rest (a start, a cancelled caller, the end, a cancelled wait, a
+    // wake without a result) as it would have. (A wait_next() frame per wave
+    // on top of this one and Asio's for the wait is one more than Asio's
+    // frame cache, two blocks, recycles: a heap allocation per wave.)
+    if (c->started_ && !c->consumer_ && !c->finished()) {
+      const auto state = co_await asio::this_coro::cancellation_state;
+      if (state.cancelled() == asio::cancellation_type::none) {
+        co_await c->async_wait(false);
+        const bool aborted = std::exchange(c->consumer_aborted_, false);
+        if (std::optional<T> out; !aborted && c->try_take(out)) co_return out;
+        // Asio would throw at this co_await if the caller's cancellation was
+        // requested meanwhile: off until wait_next() puts it back.
+        const bool was = co_await asio::this_coro::throw_if_cancelled();
+        co_await asio::this_coro::throw_if_cancelled(false);
+        co_return co_await wait_next_from(c.operator->(), true, was, aborted);
+      }
+    }
+    co_return co_await wait_next_from(c.operator->());
+  }
+
+  // wait_next(), called out of line: its shared_ptr is not a temporary in
+  // next()'s frame.
+  template <class... A>
+  [[gnu::noinline]] static asio::awaitable<std::optional<T>, Executor> wait_next_from(
+      stream_core* c, A... a) {
+    return wait_next(c->shared_from_this(), a...);
   }
 
   // next() when no result waits: starts the stream, waits, ends or reports.
-  static asio::awaitable<std::optional<T>, Executor> wait_next(std::shared_ptr<stream_core> c) {
-    if (c->consumer_)
-      throw std::logic_error(
-          "sluice::stream::next: another next() is still waiting; a stream has one consumer");
-    // A caller whose cancellation was requested before this call (only
-    // possible with throw_if_cancelled(false): Asio throws at the co_await
-    // otherwise) starts nothing, and is otherwise treated as one cancelled
-    // while it waits: a result already waiting is still handed out.
-    const auto state = co_await asio::this_coro::cancellation_state;
-    const bool cancelled = state.cancelled() != asio::cancellation_type::none;
-    if (!c->started_ && !c->stopping_) {
-      if (cancelled) {
-        c->abandon();
-        throw system_error(asio::error::operation_aborted, "sluice::stream::next");
+  // From a wait in next() (waited): `was` is the caller's throw_if_cancelled
+  // to put back; `aborted`: that wait completed with operation_aborted.
+  static asio::awaitable<std::optional<T>, Executor> wait_next(std::shared_ptr<stream_core> c,
+                                                               bool waited = false, bool was = true,
+                                                               bool aborted = false) {
+    bool cancelled = false;
+    if (waited) {
+      co_await asio::this_coro::throw_if_cancelled(was);
+    } else {
+      if (c->consumer_)
+        throw std::logic_error(
+            "sluice::stream::next: another next() is still waiting; a stream has one consumer");
+      // A caller whose cancellation was requested before this call (only
+      // possible with throw_if_cancelled(false): Asio throws at the co_await
+      // otherwise) starts nothing, and is otherwise treated as one cancelled
+      // while it waits: a result already waiting is still handed out.
+      const auto state = co_await asio::this_coro::cancellation_state;
+      cancelled = state.cancelled() != asio::cancellation_type::none;
+      if (!c->started_ && !c->stopping_) {
+        if (cancelled) {
+          c->abandon();
+          throw system_error(asio::error::operation_aborted, "sluice::stream::next");
+        }
+        c->ex_.emplace(co_await asio::this_coro::executor);
+        c->post_ex_.emplace(post_executor_for(*c->ex_));
+        c->started_ = true;
+        c->spawn();
       }
-      c->ex_.emplace(co_await asio::this_coro::executor);
-      c->started_ = true;
-      c->spawn();
     }
     error_code ec;
-    for (;;) {
+    if (aborted) ec = asio::error::operation_aborted;
+    while (!ec) {
       // Read: its slot goes to the next input at once.
       if (std::optional<T> out; c->try_take(out)) co_return out;
       if (c->finished()) break;
-      // Named token: g++ 12 may destroy a co_await operand's temporaries twice.
-      auto wait_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
-      co_await c->async_wait(cancelled, wait_token);
-      if (ec) break;
+      co_await c->async_wait(cancelled);
+      if (std::exchange(c->consumer_aborted_, false)) ec = asio::error::operation_aborted;
     }
     // Stopped (a failure, a cancelled consumer): an owned upstream stage may
     // still run ahead of us; stop it and wait for it before reporting, even
@@ -229,7 +266,8 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   void worker_started() { --waking_; }
 
   // True if this worker may take a slot and pull now; otherwise it parks.
-  [[nodiscard]] bool may_pull() const noexcept { return used_ < limit_ && !pulling_; }
+  [[nodiscard]] bool may_pull() const noexcept { return has_free_slot() && !pulling_; }
+  [[nodiscard]] bool has_free_slot() const noexcept { return used_ < limit_; }
   [[nodiscard]] bool ending() const noexcept { return ending_; }
 
   // Waits until kick() or a stop wakes this worker. No cancellation handler:
@@ -243,7 +281,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
 
   void take_slot() { ++used_; }
   // kick = false when the caller is about to stop or end the stream anyway.
-  void give_back_slot(bool kick_next = true) {
+  [[gnu::always_inline]] void give_back_slot(bool kick_next = true) {
     --used_;
     if (kick_next) kick();
   }
@@ -389,7 +427,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     sink_declined(self, value, v);
   }
   [[gnu::noinline]] void post_release() {
-    asio::post(*ex_, [self = this->shared_from_this()] { self->release_taken(); });
+    post([self = this->shared_from_this()] { self->release_taken(); });
   }
   [[gnu::noinline]] void sink_declined(std::size_t self, T& value, typename sink::verdict v) {
     if (v == sink::verdict::refused) {
@@ -414,6 +452,29 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     if (std::exchange(kick_deferred_, false)) resume_parked();
   }
 
+  // What asio::post(*ex_, f) does, with the executor it makes for every post
+  // (never blocking, a fork, the default allocator) made once, at the start:
+  // one post per wave of results (or per wake) without a require and a
+  // prefer of a type-erased executor each time. An executor of the older
+  // Networking TS model goes through asio::post.
+  static auto post_executor_for(const Executor& ex) {
+    if constexpr (asio::execution::is_executor<Executor>::value) {
+      return asio::prefer(asio::require(ex, asio::execution::blocking.never),
+                          asio::execution::relationship.fork,
+                          asio::execution::allocator(std::allocator<void>()));
+    } else {
+      return ex;
+    }
+  }
+  template <class F>
+  void post(F&& f) {
+    if constexpr (asio::execution::is_executor<Executor>::value) {
+      post_ex_->execute(std::forward<F>(f));
+    } else {
+      asio::post(*ex_, std::forward<F>(f));
+    }
+  }
+
   // Wakes the first parked worker through a post that looks again when it
   // runs: if no slot is free by then (the worker that kicked has filled them
   // all itself, as one running short tasks inline does), the worker stays
@@ -424,7 +485,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
     auto h = std::move(parked_.front());
     parked_.pop_front();
     // `this` outlives the post: the handler owns the worker, which holds the core.
-    asio::post(*ex_, [this, h = std::move(h)]() mutable {
+    post([this, h = std::move(h)]() mutable {
       if (!ending() && !may_pull()) {
         --waking_;
         parked_.push_front(std::move(h));
@@ -454,10 +515,11 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   // The waiter inside next(): completes when a result is buffered or the
   // stream finished; a cancelled consumer (cancelled while it waits, or
   // already before: cancel_now) stops the stream and completes with
-  // operation_aborted once every worker has left.
-  template <class Token>
-  auto async_wait(bool cancel_now, Token&& token) {
-    return asio::async_initiate<Token, void(error_code)>(
+  // operation_aborted once every worker has left (consumer_aborted_, read
+  // when it resumes: no error_code through the handler, whose redirect_error
+  // wrapper costs an initiation and a handler of its own per wave).
+  auto async_wait(bool cancel_now) {
+    return asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
         [this, cancel_now](auto handler) {
           auto slot = asio::get_associated_cancellation_slot(handler);
           if (slot.is_connected() && !cancel_now) {
@@ -471,6 +533,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
           // A consumer on another executor than the workers' (a stream moved
           // to another strand) is completed by a post of its own.
           consumer_on_ex_ = asio::get_associated_executor(handler, *ex_) == *ex_;
+          consumer_aborted_ = false;
           consumer_.hold(std::move(handler), *ex_);
           // The sink (if any) takes results while this consumer waits: it
           // runs on the workers' executor, the buffer is empty (next() found
@@ -478,7 +541,7 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
           if (consumer_on_ex_ && !stopping_ && !cancel_now) sink_ = wanted_sink_;
           if (cancel_now) cancel_consumer();
         },
-        token);
+        asio::use_awaitable_t<Executor>{});
   }
 
   void cancel_consumer() {
@@ -497,7 +560,8 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
       if (live_ != 0) return;
       consumer_cancelled_ = false;
       sink_ = nullptr;
-      consumer_.complete(asio::error::operation_aborted);
+      consumer_aborted_ = true;
+      consumer_.complete();
     } else if (!buffer_.empty() || finished()) {
       resume_consumer();
     }
@@ -512,12 +576,12 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   void resume_consumer() {
     sink_ = nullptr;
     if (!consumer_on_ex_) {
-      consumer_.complete(error_code());
+      consumer_.complete();
       return;
     }
     consumer_.clear_slot();
-    asio::post(*ex_, [self = this->shared_from_this(), h = consumer_.release()]() mutable {
-      if (self->run_deferring_kicks(h, error_code())) self->resume_parked();
+    post([self = this->shared_from_this(), h = consumer_.release()]() mutable {
+      if (self->run_deferring_kicks(h)) self->resume_parked();
     });
   }
 
@@ -564,9 +628,10 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   const std::size_t limit_;
   std::shared_ptr<child_set> children_;
   std::optional<Executor> ex_;
+  std::optional<decltype(post_executor_for(std::declval<const Executor&>()))> post_ex_;  // post()'s
   result_ring<T> buffer_;
   std::deque<erased_handler<>> parked_;
-  loop_held_handler<error_code> consumer_;  // let go if its loop dies first
+  loop_held_handler<> consumer_;  // let go if its loop dies first
   std::exception_ptr error_;
   sink* wanted_sink_ = nullptr;        // for_each's body, set around its next()
   sink* sink_ = nullptr;               // the same while that next() waits (see async_wait)
@@ -584,9 +649,10 @@ class stream_core : public std::enable_shared_from_this<stream_core<T, Executor>
   bool stopping_ = false;
   bool ending_ = false;  // exhausted_ || stopping_: no input will be pulled any more
   bool consumer_cancelled_ = false;
-  bool consumer_on_ex_ = true;    // the waiting consumer runs on ex_
-  bool deferring_kicks_ = false;  // inside resume_consumer()'s post
-  bool kick_deferred_ = false;    // a kick deferred until it returns
+  bool consumer_aborted_ = false;  // the consumer's wait completes with operation_aborted
+  bool consumer_on_ex_ = true;     // the waiting consumer runs on ex_
+  bool deferring_kicks_ = false;   // inside resume_consumer()'s post
+  bool kick_deferred_ = false;     // a kick deferred until it returns
   bool input_shut_ = false;
 };
 
