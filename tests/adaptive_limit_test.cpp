@@ -55,7 +55,8 @@ void check_against_oracle(const sluice_examples::capacity::result& r,
 
 }  // namespace
 
-TEST_CASE("the oracle runs at the capacity and is never throttled", "[adaptive_limit]") {
+TEST_CASE("the oracle runs at the capacity and is never throttled",
+          "[adaptive_limit][scenario]") {
   const auto oracle = sluice_examples::capacity::run_oracle();
   CHECK(oracle.throttles == 0);
   CHECK(oracle.calls == sluice_examples::capacity::jobs);
@@ -69,7 +70,7 @@ TEST_CASE("the oracle runs at the capacity and is never throttled", "[adaptive_l
 TEST_CASE(
     "aimd follows a capacity of 8 then 3 then 12 with at most 1% throttled and within 15% "
     "of the oracle",
-    "[adaptive_limit]") {
+    "[adaptive_limit][scenario]") {
   const auto oracle = sluice_examples::capacity::run_oracle();
   const auto r = sluice_examples::capacity::run_adaptive("aimd", sluice::aimd{});
   check_against_oracle(r, oracle);
@@ -82,14 +83,14 @@ TEST_CASE(
 TEST_CASE(
     "gradient follows a capacity of 8 then 3 then 12 with at most 1% throttled and within "
     "15% of the oracle",
-    "[adaptive_limit]") {
+    "[adaptive_limit][scenario]") {
   const auto oracle = sluice_examples::capacity::run_oracle();
   check_against_oracle(sluice_examples::capacity::run_adaptive("gradient", sluice::gradient{}),
                        oracle);
 }
 
 TEST_CASE("fixed limits either wait or are throttled where the adaptive limit is neither",
-          "[adaptive_limit]") {
+          "[adaptive_limit][scenario]") {
   const auto oracle = sluice_examples::capacity::run_oracle();
   const auto three = sluice_examples::capacity::run_fixed(3);
   const auto twelve = sluice_examples::capacity::run_fixed(12);
