@@ -470,6 +470,96 @@ TEST_CASE("throw_if_cancelled is unchanged after next() on every path", "[stream
   }
 }
 
+TEST_CASE("with_timeout expiring at the instant next() got its wave keeps the result", "[stream]") {
+  // The deadline (armed at 100 ms, after tasks 1..3) falls at 1 s, when 1..3
+  // end: the wait in next()'s frame has completed before the timer cancels
+  // it, so the value is returned, not a timeout, and nothing is lost.
+  virtual_loop loop;
+  board b;
+  std::vector<int> seen;
+  std::string how;
+  nanoseconds at{-1};
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s =
+        sluice::map_unordered([&](int i) { return job(b, i, first_fast(i)); }, iota_vec(20), 4);
+    auto first = co_await s.next();
+    seen.push_back(*first);
+    try {
+      auto r = co_await sluice::with_timeout(900ms, s.next());
+      seen.push_back(*r);
+      how = "value";
+    } catch (const sluice::timeout_error&) {
+      how = "timeout";
+    }
+    at = loop.now();
+    co_await drain(s, seen);
+  });
+  CHECK(how == "value");
+  CHECK(at == 1s);
+  std::sort(seen.begin(), seen.end());
+  CHECK(seen == iota_vec(20));
+  CHECK(b.cancelled == 0);
+}
+
+TEST_CASE("next() cancelled between waves on another strand than the stream's", "[stream]") {
+  // The stream starts on one strand; a coroutine on another reads on: its
+  // wait completes by a post of its own (the abort too).
+  sluice_test::tasks_on_loop t;
+  auto first_strand = asio::make_strand(t.loop.get_executor());
+  auto second_strand = asio::make_strand(t.loop.get_executor());
+  board b;
+  using stream_type =
+      decltype(sluice::map_unordered([&](int i) { return job(b, i, 1s); }, iota_vec(1), 1));
+  std::optional<stream_type> s;
+  std::vector<int> seen;
+  ending e;
+  std::size_t on_second = 0;
+  bool started = false, done = false;
+  asio::cancellation_signal cancel;
+  asio::co_spawn(
+      first_strand,
+      [&]() -> asio::awaitable<void> {
+        s.emplace(sluice::map_unordered([&](int i) { return job(b, i, first_fast(i, 200ms)); },
+                                        iota_vec(20), 4));
+        auto r = co_await s->next();
+        seen.push_back(*r);
+        started = true;
+      },
+      asio::detached);
+  t.loop.run_for(150ms);
+  REQUIRE(started);
+  asio::co_spawn(
+      second_strand,
+      [&]() -> asio::awaitable<void> {
+        e = co_await end_of(
+            [&]() -> asio::awaitable<void> {
+              for (;;) {
+                auto r = co_await s->next();
+                if (!r) break;
+                on_second += second_strand.running_in_this_thread() ? 1 : 0;
+                seen.push_back(*r);
+              }
+            }(),
+            t.loop, b);
+        co_await asio::this_coro::throw_if_cancelled(false);
+        co_await s->close();
+        done = true;
+      },
+      asio::bind_cancellation_slot(cancel.slot(), [](std::exception_ptr) {}));
+  // 1..3 at 200 ms, 4 at 300 ms, 5..7 at 400 ms (the reads start them at
+  // once), 8 at 500 ms; cancelled at 550 ms, between two waves.
+  t.loop.run_for(400ms);
+  cancel.emit(asio::cancellation_type::terminal);
+  t.loop.run_for(10s);
+  CHECK(done);
+  CHECK(e.how == "aborted");
+  CHECK(e.at == 850ms);
+  CHECK(e.running == 0);
+  CHECK(seen == iota_vec(9));
+  CHECK(on_second == 8);
+  CHECK(b.cancelled == 4);
+}
+
 // ---- a stream dropped while a wave is pending --------------------------------
 
 TEST_CASE("a stream dropped while another coroutine's next() waits between waves ends that call",
