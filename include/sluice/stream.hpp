@@ -146,7 +146,9 @@ class stream {
   /// yield nothing (or a task's failure that came first). A caller whose
   /// cancellation was requested before the call (with `throw_if_cancelled`
   /// on, Asio throws at the `co_await` itself) gets a result already waiting;
-  /// with none ready, the stream is closed the same way before it throws.
+  /// with none ready, the stream is closed the same way before it throws; a
+  /// stream that has already ended gives it the end (or a failure not yet
+  /// reported) instead: there is nothing left to abort.
   ///
   /// Before `next()` reports a failure or a cancellation, an owned
   /// asynchronous source that has `close()` (an upstream stage) is closed and
