@@ -55,8 +55,7 @@ void check_against_oracle(const sluice_examples::capacity::result& r,
 
 }  // namespace
 
-TEST_CASE("the oracle runs at the capacity and is never throttled",
-          "[adaptive_limit][scenario]") {
+TEST_CASE("the oracle runs at the capacity and is never throttled", "[adaptive_limit][scenario]") {
   const auto oracle = sluice_examples::capacity::run_oracle();
   CHECK(oracle.throttles == 0);
   CHECK(oracle.calls == sluice_examples::capacity::jobs);
