@@ -88,6 +88,7 @@ struct semaphore_budget {
     if (!s->try_acquire()) return std::nullopt;
     return held(s);
   }
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   asio::awaitable<held> wait_take() const {
     co_await s->acquire();
     co_return held(s);
@@ -105,7 +106,10 @@ struct keyed_semaphore_budget {
   std::optional<held> try_take(const asio::any_io_executor&) const {
     return b.semaphore->try_acquire(b.key);
   }
-  asio::awaitable<held> wait_take() const { return b.semaphore->scoped_acquire(b.key); }
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+  asio::awaitable<held> wait_take() const {
+    return b.semaphore->scoped_acquire(b.key);
+  }
   static void undo(held& h) noexcept { h.reset(); }
 };
 
@@ -120,7 +124,10 @@ struct adaptive_budget {
     if (!p) return std::nullopt;
     return p;
   }
-  asio::awaitable<held> wait_take() const { return cap->scoped_acquire(); }
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+  asio::awaitable<held> wait_take() const {
+    return cap->scoped_acquire();
+  }
   static void undo(held& h) noexcept { h.reset(); }
 };
 
@@ -163,6 +170,7 @@ struct rate_budget {
   held take(const asio::any_io_executor& ex) const {
     return {r, n, rate_access::core(*r).take_ready(n, ex)};
   }
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   asio::awaitable<held> wait_take() const {
     const clock::time_point at = co_await rate_access::core(*r).acquire_granted(n);
     co_return held{r, n, at};

@@ -207,6 +207,7 @@ class adaptive_limit {
   /// Waits for a place under the current limit; the permit measures latency
   /// from the grant. Does not suspend when a place is free and nobody waits.
   /// Throws `system_error(operation_aborted)` when cancelled (holding nothing).
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
     co_await core_.acquire([this] { release_one(); });
     auto ex = co_await asio::this_coro::executor;

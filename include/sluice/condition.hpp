@@ -82,9 +82,15 @@ class condition {
   [[nodiscard]] sluice::lock& get_lock() noexcept { return *lock_; }
 
   /// Acquires the lock (see `lock::acquire`).
-  [[nodiscard]] asio::awaitable<void> acquire() { return lock_->acquire(); }
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+  [[nodiscard]] asio::awaitable<void> acquire() {
+    return lock_->acquire();
+  }
   /// Acquires the lock, returning a guard that releases it.
-  [[nodiscard]] asio::awaitable<lock::guard> scoped_acquire() { return lock_->scoped_acquire(); }
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+  [[nodiscard]] asio::awaitable<lock::guard> scoped_acquire() {
+    return lock_->scoped_acquire();
+  }
   /// Releases the lock (throws `std::logic_error` when it is not locked).
   void release() { lock_->release(); }
   /// True while the lock is held.
@@ -94,6 +100,7 @@ class condition {
   /// Throws `std::logic_error` if the lock is not held, and
   /// `system_error(operation_aborted)` when cancelled, in both cases with
   /// the lock held again.
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<void> wait() {
     if constexpr (detail::affinity::enabled) checker().bind(co_await asio::this_coro::executor);
     {

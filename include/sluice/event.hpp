@@ -95,6 +95,7 @@ class event {
   }
 
   /// Waits until the flag is set; does not suspend if it already is.
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<void> wait() {
     if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     {

@@ -78,9 +78,13 @@ class lock {
   }
 
   /// Waits for the lock; does not suspend when it is free and nobody waits.
-  [[nodiscard]] asio::awaitable<void> acquire() { return core_.acquire(); }
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+  [[nodiscard]] asio::awaitable<void> acquire() {
+    return core_.acquire();
+  }
 
   /// As `acquire()`, returning a `guard` that releases on destruction.
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<guard> scoped_acquire() {
     co_await core_.acquire();
     if (!core_.clock_bound())

@@ -3,7 +3,7 @@
 #define SLUICE_PROGRESS_HPP
 
 #include <sluice/config.hpp>
-#include <sluice/time.hpp>
+#include <sluice/detail/virtual_clock.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -18,6 +18,11 @@
 #include <utility>
 
 namespace sluice {
+
+// sluice::clock, the same alias as time.hpp's: a fan-out reads the clock for its
+// reports but needs no timers, so progress (and gather, map_unordered) does not
+// include time.hpp (sleep, the timer operations: issue 32, compile cost).
+using clock = detail::clock;
 
 namespace detail {
 template <class F>

@@ -105,9 +105,13 @@ class semaphore {
   /// Waits for a permit; does not suspend when one is free and nobody waits.
   /// Throws `system_error(operation_aborted)` when cancelled (holding
   /// nothing).
-  [[nodiscard]] asio::awaitable<void> acquire() { return core_.acquire(); }
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+  [[nodiscard]] asio::awaitable<void> acquire() {
+    return core_.acquire();
+  }
 
   /// As `acquire()`, returning a `permit` that releases on destruction.
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
     co_await core_.acquire();
     if (!core_.clock_bound())

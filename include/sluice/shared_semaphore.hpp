@@ -97,6 +97,7 @@ class shared_semaphore {
   /// Waits for a permit; does not suspend when one is free and nobody waits.
   /// Throws `system_error(operation_aborted)` when cancelled (holding
   /// nothing).
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<void> acquire() {
     if (core_.try_acquire()) co_return;
     auto state = co_await asio::this_coro::cancellation_state;
@@ -109,6 +110,7 @@ class shared_semaphore {
   }
 
   /// As `acquire()`, returning a `permit` that releases on destruction.
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
     co_await acquire();
     auto& sink = core_.stats_sink();

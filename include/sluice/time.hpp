@@ -134,6 +134,7 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
 /// how every other operation of the caller reacts, and Asio keeps partial and
 /// total off by default because most coroutines cannot honour their "nothing
 /// happened" guarantees.
+template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
 [[nodiscard]] inline asio::awaitable<void> sleep_until(clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
   co_await detail::wait_until(ex, detail::find_virtual_clock(ex), deadline);
@@ -147,6 +148,7 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
 /// @code
 /// co_await sluice::sleep(std::chrono::milliseconds(200));
 /// @endcode
+template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
 [[nodiscard]] inline asio::awaitable<void> sleep(clock::duration duration) {
   auto ex = co_await asio::this_coro::executor;
   auto* v = detail::find_virtual_clock(ex);

@@ -122,6 +122,7 @@ class permit_core {
   // The uncontended path does not suspend. A waiter that was granted its permit
   // but whose coroutine was cancelled before it resumed hands the permit on and
   // throws operation_aborted, as if the cancellation had come first.
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   asio::awaitable<void> acquire() {
     return acquire([this] { release(""); });
   }
@@ -146,6 +147,7 @@ class permit_core {
   // As acquire(), but the wait ignores cancellation (condition::wait
   // re-acquires its lock even when cancelled). The caller disables
   // throw_if_cancelled around the co_await.
+  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   asio::awaitable<void> acquire_uncancellable() {
     if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
