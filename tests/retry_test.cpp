@@ -483,3 +483,102 @@ TEST_CASE("a sleeping retry cancelled gives its place in the budget back", "[ret
   CHECK(f.attempts == std::vector<ns>{0s, 1s, 11s});  // the second caller got its retry
   CHECK(budget.refused() == 0);
 }
+
+TEST_CASE("on_retry is called once per retry with the failed attempt, its error and the wait",
+          "[retry]") {
+  struct call {
+    std::size_t attempt;
+    const void* error;
+    ns delay;
+    ns at;
+  };
+  std::vector<call> calls;
+  flaky f{3, {}, {}};
+  virtual_loop loop;
+  const int v = loop.run([&]() -> asio::awaitable<int> {
+    const auto ex = co_await asio::this_coro::executor;
+    co_return co_await sluice::retry(
+        {.first = 100ms,
+         .attempts = 6,
+         .jitter = sluice::no_jitter,
+         .on_retry =
+             [&](std::size_t attempt, const std::exception_ptr& e, sluice::clock::duration d) {
+               const void* thrown = nullptr;
+               try {
+                 std::rethrow_exception(e);
+               } catch (const sluice::throttled_error& x) {
+                 thrown = &x;
+               }
+               calls.push_back({attempt, thrown, d, sluice::now(ex).time_since_epoch()});
+             }},
+        [&] { return f.call(); });
+  });
+  CHECK(v == 4);
+  REQUIRE(calls.size() == 3);  // three retries; the fourth attempt succeeded
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(calls[i].attempt == i + 1);
+    CHECK(calls[i].error == f.thrown[i]);  // the attempt's own exception
+    CHECK(calls[i].at == f.attempts[i]);   // before the wait
+  }
+  CHECK(calls[0].delay == 100ms);
+  CHECK(calls[1].delay == 200ms);
+  CHECK(calls[2].delay == 400ms);
+}
+
+TEST_CASE("on_retry is not called when no retry follows; a hint is the delay it sees", "[retry]") {
+  std::vector<ns> delays;
+  auto hook = [&](std::size_t, const std::exception_ptr&, sluice::clock::duration d) {
+    delays.push_back(d);
+  };
+  virtual_loop loop;
+  // A hinted error is retried after its hint; the last attempt's error is not.
+  std::size_t n = 0;
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::retry({.first = 1s, .attempts = 2, .on_retry = hook},
+                           [&]() -> asio::awaitable<void> {
+                             ++n;
+                             throw http_429("slow down", 7s);
+                             co_return;
+                           });
+  }),
+                  http_429);
+  CHECK(n == 2);
+  CHECK(delays == std::vector<ns>{7s});
+  // A non-retryable error, and a retry the budget refuses: no call.
+  sluice::retry_budget budget{{.ratio = 0.0, .per = 1min}};
+  flaky plain{10, {}, {}}, refused{10, {}, {}};
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<int> {
+    co_return co_await sluice::retry({.attempts = 3, .on_retry = hook},
+                                     [&] { return plain.call<numbered_error>(); });
+  }),
+                  numbered_error);
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<int> {
+    co_return co_await sluice::retry({.attempts = 3, .budget = &budget, .on_retry = hook},
+                                     [&] { return refused.call(); });
+  }),
+                  sluice::throttled_error);
+  CHECK(delays.size() == 1);
+  CHECK(budget.refused() == 1);
+}
+
+TEST_CASE("an exception from on_retry ends the call: no wait, no attempt, the budget place back",
+          "[retry]") {
+  sluice::retry_budget budget{{.ratio = 0.0, .per = 1min, .min_retries = 1}};
+  flaky f{10, {}, {}};
+  virtual_loop loop;
+  CHECK_THROWS_WITH(loop.run([&]() -> asio::awaitable<int> {
+    co_return co_await sluice::retry(
+        {.first = 1s,
+         .attempts = 3,
+         .budget = &budget,
+         .on_retry =
+             [](std::size_t, const std::exception_ptr&, sluice::clock::duration) {
+               throw std::runtime_error("logger down");
+             }},
+        [&] { return f.call(); });
+  }),
+                    "logger down");
+  CHECK(f.attempts.size() == 1);
+  CHECK(loop.now() == 0s);
+  CHECK(budget.retries() == 0);
+}

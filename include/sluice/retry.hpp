@@ -132,6 +132,18 @@ struct backoff {
   /// Shared by callers to cap retries at a ratio of first attempts (null: no cap).
   /// Must outlive the call.
   retry_budget* budget = nullptr;
+  /// Called once per retry, when it is decided (the budget has agreed) and
+  /// before its wait: `on_retry(attempt, error, delay)`, with `attempt` the
+  /// number of the attempt that just failed (1 for the first), `error` its
+  /// exception, and `delay` the wait before attempt `attempt + 1` (the
+  /// `retry_after` hint or the backoff's draw). Where tenacity's
+  /// `before_sleep`, resilience4j's `onRetry` and Polly's `OnRetry` log and
+  /// count retries. Runs inline on the caller's executor and must not
+  /// wait. An exception it throws ends the call: that exception propagates,
+  /// no wait and no further attempt, and the retry's place in the budget is
+  /// given back. Empty (the default): nothing is called.
+  std::function<void(std::size_t attempt, const std::exception_ptr& error, clock::duration delay)>
+      on_retry{};
 
   /// The delay before retry number `k` given a draw `u` in [0, 1) (`u` is
   /// ignored without jitter). Exposed so a caller can print its schedule.
@@ -366,6 +378,14 @@ asio::awaitable<T, Executor> retry_loop(backoff p, F fn) {
     if (t - start > p.max_elapsed || wait > p.max_elapsed - (t - start))
       std::rethrow_exception(error);
     if (p.budget && !retry_budget_access::try_retry(*p.budget, t)) std::rethrow_exception(error);
+    if (p.on_retry) {
+      try {
+        p.on_retry(attempt + 1, std::as_const(error), wait);
+      } catch (...) {
+        if (p.budget) retry_budget_access::give_back(*p.budget, t);  // the retry never ran
+        throw;
+      }
+    }
     error = nullptr;  // not kept alive across the wait
     // Saturated, as sleep() does: a hint (or a backoff max) of
     // clock::duration::max() waits until cancelled, it does not wrap.
@@ -405,6 +425,9 @@ asio::awaitable<T, Executor> retry_loop(backoff p, F fn) {
 ///   first attempt started; when `budget` refuses the retry; when the caller
 ///   was cancelled during the attempt. An exception `retry_if` rejects is
 ///   rethrown at once, with no wait.
+/// - `policy.on_retry(attempt, error, delay)`, if set, is called once per
+///   retry, before its wait (see `backoff::on_retry`): the place to log and
+///   count retries.
 /// - Per-Operation Cancellation: the caller's cancellation reaches the
 ///   running attempt through `fn`'s task (as any awaited task); a wait
 ///   between attempts ends at once with `system_error(operation_aborted)` and
