@@ -582,3 +582,59 @@ TEST_CASE("an exception from on_retry ends the call: no wait, no attempt, the bu
   CHECK(loop.now() == 0s);
   CHECK(budget.retries() == 0);
 }
+
+TEST_CASE("retries() counts the window's retries, retried() every retry since construction",
+          "[retry]") {
+  // The trial's reading: 12 retries over two minutes, then retries() == 1.
+  sluice::retry_budget budget{{.ratio = 1.0, .per = 10s}};
+  flaky f{0, {}, {}};
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    for (int i = 0; i < 12; ++i) {
+      f.failures = f.attempts.size() + 1;  // this call's first attempt fails, its retry succeeds
+      co_await sluice::retry(
+          {.first = 1s, .attempts = 2, .jitter = sluice::no_jitter, .budget = &budget},
+          [&] { return f.call(); });
+      co_await sluice::sleep(9s);  // one call every 10 s
+    }
+    CHECK(budget.retries() == 1);  // in the window ending now: the last call's retry
+    CHECK(budget.retried() == 12);
+    co_await sluice::sleep(1min);
+    f.failures = 0;
+    co_await sluice::retry({.budget = &budget}, [&] { return f.call(); });
+  });
+  CHECK(f.attempts.size() == 25);
+  CHECK(budget.first_attempts() == 1);
+  CHECK(budget.retries() == 0);  // the window has moved past them all
+  CHECK(budget.retried() == 12);
+  CHECK(budget.refused() == 0);
+}
+
+TEST_CASE("a retry_if that throws ends the call with callback_error, the attempt's error nested",
+          "[retry]") {
+  flaky f{10, {}, {}};
+  virtual_loop loop;
+  const void* nested = nullptr;
+  std::string what;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await sluice::retry({.attempts = 3,
+                              .retry_if = [](const std::exception_ptr&) -> bool {
+                                throw std::logic_error("classifier bug");
+                              }},
+                             [&] { return f.call(); });
+    } catch (const sluice::callback_error& e) {
+      what = e.what();
+      CHECK_THROWS_WITH(std::rethrow_exception(e.callback_exception()), "classifier bug");
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const sluice::throttled_error& original) {
+        nested = &original;
+      }
+    }
+  });
+  CHECK(what == "sluice::retry: retry_if threw: classifier bug");
+  REQUIRE(f.thrown.size() == 1);
+  CHECK(nested == f.thrown[0]);  // the attempt's own exception, not a copy
+  CHECK(f.attempts.size() == 1);
+}
