@@ -663,3 +663,26 @@ TEST_CASE("a classify that throws ends run with callback_error, the call's error
   CHECK(cap.in_flight() == 0);  // the place is back
   CHECK(cap.throttles() + cap.drops() + cap.successes() == 0);
 }
+
+TEST_CASE("after many rounds at max, one throttle lowers the limit to floor(max * backoff)",
+          "[adaptive_limit]") {
+  // The estimate is clamped at max: successes at max do not pile up above it
+  // (which would make the next decrease land above max, absorbed unseen).
+  tasks_on_loop h;
+  adaptive_limit cap{{.initial = 8,
+                      .min = 1,
+                      .max = 8,
+                      .algorithm = sluice::aimd{.increase = 1, .backoff = 0.5, .hold = 0}}};
+  auto ex = h.loop.get_executor();
+  for (int round = 0; round < 100; ++round) {
+    std::vector<adaptive_limit::permit> ps;
+    while (auto p = cap.try_acquire(ex)) ps.push_back(std::move(p));
+    REQUIRE(ps.size() == 8);
+    for (auto& p : ps) p.succeeded();
+  }
+  CHECK(cap.limit() == 8);
+  cap.try_acquire(ex).throttled();
+  CHECK(cap.limit() == 4);
+  cap.try_acquire(ex).throttled();
+  CHECK(cap.limit() == 2);
+}
