@@ -423,13 +423,15 @@ TEST_CASE("a budget taken and given back without a wait is not counted", "[acqui
   // takes them, gives them back, waits for the start (60 s), takes them again.
   sluice::semaphore sem{1};
   sluice::adaptive_limit cap{{.initial = 2, .min = 1, .max = 2}};
+  sluice::keyed_semaphore<std::string> accounts{1};
   sluice::rate_limiter rpm{1, 1min};
   virtual_loop loop;
   ns granted{-1};
   loop.run([&]() -> asio::awaitable<void> {
     auto ex = co_await asio::this_coro::executor;
     co_await rpm.acquire();
-    auto held = co_await sluice::acquire_all(sem, cap, rpm);
+    auto held =
+        co_await sluice::acquire_all(sem, cap, sluice::for_key(accounts, std::string("a")), rpm);
     granted = now_of(ex);
     held.get<1>().succeeded();
   });
@@ -438,6 +440,8 @@ TEST_CASE("a budget taken and given back without a wait is not counted", "[acqui
   CHECK(cap.stats().acquired == 1);
   CHECK(cap.stats().hold.count == 1);
   CHECK(cap.successes() == 1);
+  CHECK(accounts.stats().acquired == 1);
+  CHECK(accounts.stats().hold.count == 1);
   CHECK(rpm.stats().acquired == 2);
 }
 
