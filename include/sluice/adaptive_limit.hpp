@@ -27,6 +27,10 @@
 
 namespace sluice {
 
+namespace detail {
+struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
+}  // namespace detail
+
 /// Additive increase, multiplicative decrease (TCP's congestion control, as in
 /// Netflix's concurrency-limits `AIMDLimit`): while the limit is in use, each
 /// round of `limit` successful calls adds `increase`; a throttle or a drop
@@ -181,6 +185,7 @@ class adaptive_limit {
 
    private:
     friend class adaptive_limit;
+    friend struct detail::budget_access;
     permit(adaptive_limit& c, detail::virtual_clock_service* v, clock::time_point start)
         : cap_(&c), vclock_(v), start_(start), epoch_(c.epoch_), in_flight_(c.in_flight()) {}
 
@@ -325,6 +330,7 @@ class adaptive_limit {
   }
 
  private:
+  friend struct detail::budget_access;
   struct sample {
     clock::duration latency;
     std::uint64_t epoch;    // the limit's epoch at the grant

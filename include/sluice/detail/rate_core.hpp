@@ -180,6 +180,8 @@ class rate_core {
   // Counts into `sink` instead of this core's own (keyed_rate_limiter: one
   // sink for every key). Before any use.
   void share_stats(stats_sink& sink) noexcept { stats_ = &sink; }
+  // A grant of take_ready() given back untouched (acquire_all): uncounted.
+  void ungrant() noexcept { stats_->ungrant(); }
   [[nodiscard]] std::size_t in_use() const { return policy_.in_use(clock_.now()); }
   [[nodiscard]] sluice::stats stats() const {
     return stats_->read(waiters_.size(), in_use(), policy_.limit());
