@@ -93,8 +93,9 @@ class rate_core {
     bind_clock(any);
     const auto now = clock_.now();
     const bool ready = waiters_.empty() && policy_.ready_at(n, now) <= now;
-    start_wait<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_, waiters_, ready,
-                                   true, n, now, std::move(any));
+    const wait_start started = start_wait<rate_wait, Deliver>(
+        std::forward<Handler>(handler), ex_, name_, waiters_, ready, true, n, now, std::move(any));
+    if (started == wait_start::refused) return;  // cancelled before it called: takes nothing
     if (ready) {
       policy_.take(n, now);
       ++stats_->acquired;
@@ -192,8 +193,7 @@ class rate_core {
   asio::awaitable<std::conditional_t<Granted, clock::time_point, void>> acquire_impl(
       std::size_t n) {
     const auto state = co_await asio::this_coro::cancellation_state;
-    if (state.cancelled() != asio::cancellation_type::none)
-      throw system_error(asio::error::operation_aborted, name_);
+    refuse_if_cancelled(state, name_);
     affinity_.check(name_);  // a check only: no scope across co_await
     bind_clock(co_await asio::this_coro::executor);
     if (const auto now = clock_.now(); try_take(n, now)) {
