@@ -64,6 +64,14 @@ template <class... B>
 using all_parts = std::tuple<std::optional<typename B::held>...>;
 }  // namespace detail
 
+/// True for what `sluice::acquire_all` takes as a budget (see there): a
+/// `semaphore&`, `shared_semaphore&`, `adaptive_limit&`, `rate_limiter&`,
+/// `token_bucket&`, `limiter.weighted(n)`, `for_key(keyed, key)`, a
+/// `strand_bound<L>&` of one of these kinds, `bound.weighted(n)`. For code
+/// that forwards a caller's mix of limits to `acquire_all` (a call policy).
+template <class B>
+concept acquire_all_budget = detail::all_budget_source<B>;
+
 /// What `sluice::acquire_all` took: the permits it holds (released on
 /// destruction or `release()`) and the rate starts it recorded (kept; in real
 /// time counted from that instant on). Must not outlive the budgets.
@@ -192,9 +200,10 @@ asio::awaitable<all_held<B...>> acquire_all_op(std::tuple<B...> bs, std::index_s
 ///   after it however long the request travelled (see `rate_limiter`: Real
 ///   time). Destroy it when the call completes.
 /// - Counts: a budget taken and given back without a wait (another was busy)
-///   is not counted in its `stats().acquired`, and an `adaptive_limit` records
-///   neither a hold nor an outcome for it. A grant the call waited for in the
-///   budget's FIFO and then gave back stays counted (its wait was real).
+///   is not counted in its `stats().acquired` and records no hold (an
+///   `adaptive_limit` no outcome either). A grant the call waited for in the
+///   budget's FIFO and then gave back stays counted, its wait recorded (the
+///   wait was real), with no hold for an `adaptive_limit`.
 /// - Per-Operation Cancellation: as the budgets' own waits (terminal,
 ///   partial, total), and also while waiting behind an older call: a
 ///   cancelled call throws `system_error(operation_aborted)`, holds nothing
@@ -221,9 +230,8 @@ asio::awaitable<all_held<B...>> acquire_all_op(std::tuple<B...> bs, std::index_s
 /// sluice::strand_bound<sluice::rate_limiter> rpm{asio::make_strand(ctx), 60, 1min};
 /// auto held2 = co_await sluice::acquire_all(cap, rpm, session_sem); // session_sem: this strand's
 /// @endcode
-template <class... Budgets>
-requires(sizeof...(Budgets) > 0 && (detail::all_budget_source<Budgets> && ...))
-    [[nodiscard]] auto acquire_all(Budgets&&... budgets) {
+template <acquire_all_budget... Budgets>
+requires(sizeof...(Budgets) > 0) [[nodiscard]] auto acquire_all(Budgets&&... budgets) {
   auto bs = std::make_tuple(detail::make_budget(std::forward<Budgets>(budgets))...);
   detail::check_distinct(bs, std::index_sequence_for<Budgets...>{});
   return detail::acquire_all_op(std::move(bs), std::index_sequence_for<Budgets...>{});

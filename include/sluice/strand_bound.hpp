@@ -49,6 +49,9 @@ namespace sluice {
 ///   each result is one consistent reading of the limit.
 /// - `visit(f)`: runs `f(L&)` on the strand and returns its result: any other
 ///   member of `L`, or several readings taken at one instant.
+/// - `weighted(n)` (rate limiters): n units as a budget of
+///   `sluice::acquire_all`, which takes a `strand_bound` of a `semaphore`,
+///   `bounded_semaphore`, `adaptive_limit`, `rate_limiter` or `token_bucket`.
 ///
 /// What resumes where, and the cost. A caller already on the limit's strand
 /// calls `L` directly (no hop). Any other caller makes two hops per call: the
@@ -71,8 +74,10 @@ namespace sluice {
 /// (the window never admits more than its quota; at worst one start goes
 /// unused), and `run`'s result is dropped. A caller whose cancellation was
 /// requested before it called throws at the `co_await` (Asio's
-/// `throw_if_cancelled`) and takes nothing; with `throw_if_cancelled(false)`
-/// it calls, and that call ignores the earlier cancellation, as for `L`.
+/// `throw_if_cancelled`); with `throw_if_cancelled(false)` every member that
+/// waits or takes (`acquire`, `scoped_acquire`, `try_acquire`, `run`) throws
+/// `operation_aborted` at once, before any hop, taking nothing; `visit` and
+/// the diagnostics still read.
 ///
 /// `single_flight`: `fn()` is called on the limit's strand, by the first
 /// caller's call there (while that caller waits), and the shared work runs as
@@ -92,8 +97,14 @@ namespace sluice {
 /// over-release) throws on the strand, out of the `run()` of the thread that
 /// runs it, as any Asio handler that throws does: a programming error, loud.
 ///
-/// Lifetimes: the `strand_bound` must outlive every call and every permit; its
-/// destruction destroys `L` on the destroying thread (no call may be running).
+/// Lifetimes: the `strand_bound` should outlive every call and every permit;
+/// its destruction destroys `L` on the destroying thread (no call may be
+/// running then), which ends `L`'s waits with `operation_aborted`. Destroyed
+/// first anyway (an `io_context` declared before it, with calls pending),
+/// nothing dangles: everything it posted or handed to a call reaches `L`
+/// through a weak reference, so a grant handed on afterwards, a `release`
+/// posted earlier and a `strand_permit` dropped later do nothing, and a call
+/// that reaches the strand afterwards throws `operation_aborted`.
 /// Arguments are copied into the call. A caller's loop may die first (an
 /// `io_context` of its own, destroyed while its call waits on the limit's
 /// strand): the caller's frame is destroyed with that loop, the wait on the

@@ -63,6 +63,14 @@ struct budget_access {
   static void ungrant_shared(S& s) noexcept {
     s.core_.stats_sink().ungrant();
   }
+  // Gives a key's permit taken by try_acquire() back, uncounted, no hold.
+  template <class Permit>
+  static void undo_key(Permit& p) noexcept {
+    if (auto* s = std::exchange(p.sem_, nullptr)) {
+      s->stats_.ungrant();
+      s->release_node(std::exchange(p.node_, nullptr));
+    }
+  }
   // Releases a place acquire_all gives back: no hold sample, nothing for the
   // algorithm; a grant that did not wait is uncounted too.
   static void give_back(adaptive_limit::permit& p, bool uncount) noexcept {
@@ -140,7 +148,7 @@ struct keyed_semaphore_budget {
   }
   asio::awaitable<held> wait_take() const { return b.semaphore->scoped_acquire(b.key); }
   static void give_back(held& h) noexcept { h.reset(); }
-  static void undo(held& h) noexcept { h.reset(); }
+  static void undo(held& h) noexcept { budget_access::undo_key(h); }
 };
 
 struct adaptive_budget {
