@@ -11,8 +11,9 @@
 #include <sluice/concepts.hpp>
 #include <sluice/outcome.hpp>
 
-// Fan-out: gather, gather_with_concurrency, map_unordered, as_completed, filter, for_each,
-// and progress reports on them
+// Fan-out: gather, gather_with_concurrency, map_unordered (also by key), as_completed, filter,
+// for_each, and progress reports on them
+#include <sluice/by_key.hpp>
 #include <sluice/filter.hpp>
 #include <sluice/for_each.hpp>
 #include <sluice/gather.hpp>
