@@ -48,6 +48,15 @@
 #include <sluice/single_flight.hpp>
 #include <sluice/token_bucket.hpp>
 
+// Call policies: the layers around a provider call, composed in one value
+#include <sluice/breaker.hpp>
+#include <sluice/limits.hpp>
+#include <sluice/overloaded_error.hpp>
+#include <sluice/policy.hpp>
+#include <sluice/retry_layer.hpp>
+#include <sluice/shed.hpp>
+#include <sluice/timeout_layer.hpp>
+
 // Operating it: what every limit has done and is doing
 #include <sluice/stats.hpp>
 
