@@ -4,7 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
-#include <sluice/retry.hpp>
+#include <sluice/retryable.hpp>
 #include <sluice/stats.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
@@ -231,7 +231,9 @@ class adaptive_limit {
   /// Runs `fn()` (which returns an awaitable) under a permit and reports its
   /// outcome: success; `classify(exception)` for an exception, which is then
   /// rethrown unchanged. The permit is released on every way out, also when
-  /// the caller is cancelled (as `ignored` then).
+  /// the caller is cancelled (as `ignored` then). A `classify` that throws
+  /// reports nothing (`ignored`) and ends the call with
+  /// `sluice::callback_error`, the call's own error nested in it.
   template <class F, class Classify>
   [[nodiscard]] auto run(F fn, Classify classify)
       -> asio::awaitable<typename std::invoke_result_t<F&>::value_type> {
@@ -251,7 +253,13 @@ class adaptive_limit {
     } catch (...) {
       error = std::current_exception();
     }
-    p.report(classify(error));
+    outcome o = outcome::ignored;
+    try {
+      o = classify(error);
+    } catch (...) {
+      detail::throw_callback_failure("sluice::adaptive_limit::run: classify", error);
+    }
+    p.report(o);
     std::rethrow_exception(error);
   }
 

@@ -152,12 +152,14 @@ class keyed_semaphore {
   /// waits for it. Throws `system_error(operation_aborted)` when cancelled
   /// (holding nothing). Pair it with `release(key)`.
   [[nodiscard]] asio::awaitable<void> acquire(Key key) {
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state, name);
     node_type* n = node_for(key);
     if (!n->second.try_acquire()) co_await wait(n);
   }
 
   /// As `acquire(key)`, returning a `permit` that releases on destruction.
   [[nodiscard]] asio::awaitable<permit> scoped_acquire(Key key) {
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state, name);
     node_type* n = node_for(key);
     if (!n->second.try_acquire()) co_await wait(n);
     if (!stats_.clock.bound()) stats_.clock.bind(co_await asio::this_coro::executor);
@@ -275,7 +277,12 @@ class keyed_semaphore {
     affinity_.check(name);
     auto [it, made] = entry(key);
     try {
-      it->second.initiate(std::forward<Handler>(handler), true);
+      // A refused caller (cancelled before it called) took nothing: a new
+      // entry is idle and goes at once.
+      if (it->second.initiate(std::forward<Handler>(handler), true) ==
+              detail::wait_start::refused &&
+          made)
+        map_.erase(it);
     } catch (...) {
       if (made) map_.erase(it);  // rejected handler: keep nothing for the key
       throw;

@@ -102,11 +102,11 @@ class shared_semaphore {
   /// Throws `system_error(operation_aborted)` when cancelled (holding
   /// nothing).
   [[nodiscard]] asio::awaitable<void> acquire() {
-    if (core_.try_acquire()) co_return;
     auto state = co_await asio::this_coro::cancellation_state;
-    const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
+    detail::refuse_if_cancelled(state, "sluice::shared_semaphore::acquire");
+    if (core_.try_acquire()) co_return;
     co_await async_acquire(asio::use_awaitable);
-    if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+    if (state.cancelled() != asio::cancellation_type::none) {
       core_.release();  // granted after the cancellation: pass it on
       throw system_error(asio::error::operation_aborted, "sluice::shared_semaphore::acquire");
     }
