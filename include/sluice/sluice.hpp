@@ -48,6 +48,7 @@
 
 // Call policies: the layers around a provider call, composed in one value
 #include <sluice/breaker.hpp>
+#include <sluice/hedge.hpp>
 #include <sluice/limits.hpp>
 #include <sluice/overloaded_error.hpp>
 #include <sluice/policy.hpp>
