@@ -7,6 +7,7 @@
 #include <sluice/hedge.hpp>
 #include <sluice/limits.hpp>
 #include <sluice/policy.hpp>
+#include <sluice/prometheus.hpp>
 #include <sluice/retry_layer.hpp>
 #include <sluice/shed.hpp>
 #include <sluice/timeout_layer.hpp>
@@ -683,6 +684,41 @@ TEST_CASE("overload: with shedding no accepted call waits past the bound; withou
   CHECK(shed.accepted == 2408);
   CHECK(shed.shed == 2392);
   CHECK(shed.p99_wait == 187500us);
+}
+
+// ---- metrics ----------------------------------------------------------------
+
+TEST_CASE("prometheus_text renders a limit and every layer of a policy, one group per metric",
+          "[policy][prometheus]") {
+  sluice::semaphore cap{2};
+  auto p = sluice::policy(sluice::shed(cap, {.max_waiting = 0}),
+                          sluice::breaker({.window = 1, .minimum_calls = 1}), sluice::timeout(1s));
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await failing(p, 2s);  // times out: the breaker opens
+    CHECK_THROWS_AS(co_await p([] { return work(0s); }), sluice::breaker_open_error);
+  });
+  sluice::prometheus_text m;
+  m.add("backend", cap.stats()).add("provider", p);
+  const std::string text = m.str();
+  const auto has = [&](const std::string& line) {
+    return text.find(line + "\n") != std::string::npos;
+  };
+  CHECK(has("# TYPE sluice_limit_acquired_total counter"));
+  CHECK(has("sluice_limit_acquired_total{name=\"backend\"} 2"));
+  CHECK(has("sluice_limit_in_use{name=\"backend\"} 0"));
+  CHECK(has("sluice_limit_wait_seconds_count{name=\"backend\"} 2"));
+  CHECK(has("sluice_shed_admitted_total{name=\"provider\",layer=\"0\"} 2"));
+  CHECK(has("sluice_breaker_state{name=\"provider\",layer=\"1\",state=\"open\"} 1"));
+  CHECK(has("sluice_breaker_state{name=\"provider\",layer=\"1\",state=\"closed\"} 0"));
+  CHECK(has("sluice_breaker_not_permitted_total{name=\"provider\",layer=\"1\"} 1"));
+  CHECK(has("sluice_timeout_timeouts_total{name=\"provider\",layer=\"2\"} 1"));
+  // Each metric's HELP and TYPE appear once.
+  std::size_t types = 0;
+  for (std::size_t at = 0;
+       (at = text.find("# TYPE sluice_breaker_state ", at)) != std::string::npos; ++at)
+    ++types;
+  CHECK(types == 1);
 }
 
 // ---- threads ----------------------------------------------------------------

@@ -56,7 +56,8 @@
 #include <sluice/shed.hpp>
 #include <sluice/timeout_layer.hpp>
 
-// Operating it: what every limit has done and is doing
+// Operating it: what every limit has done and is doing, and its Prometheus text
+#include <sluice/prometheus.hpp>
 #include <sluice/stats.hpp>
 
 // Time, timeouts and deadlines
