@@ -135,11 +135,14 @@ class redis_server {
   // `unix_socket`: also listen on that path.
   // `extra`: more redis-server arguments (e.g. {"--requirepass", "pw"}); they
   // come after the defaults, so they may override `--save` too.
+  // `wrapper`: a command that runs the server (e.g. {"env", "LD_PRELOAD=x.so"}).
   static std::optional<redis_server> start(std::string unix_socket = {},
-                                           std::vector<std::string> extra = {}) {
+                                           std::vector<std::string> extra = {},
+                                           std::vector<std::string> wrapper = {}) {
     redis_server s;
     s.unix_socket_ = std::move(unix_socket);
     s.extra_ = std::move(extra);
+    s.wrapper_ = std::move(wrapper);
     for (int attempt = 0; attempt < 3; ++attempt) {
       s.port_ = free_port();
       if (s.port_ > 0 && s.launch()) return s;
@@ -151,7 +154,8 @@ class redis_server {
       : port_(o.port_),
         pid_(std::exchange(o.pid_, -1)),
         unix_socket_(std::move(o.unix_socket_)),
-        extra_(std::move(o.extra_)) {}
+        extra_(std::move(o.extra_)),
+        wrapper_(std::move(o.wrapper_)) {}
   redis_server& operator=(redis_server&&) = delete;
   ~redis_server() { stop(); }
 
@@ -211,6 +215,7 @@ class redis_server {
       args.insert(args.end(), {"--unixsocket", unix_socket_, "--unixsocketperm", "700"});
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
+    args.insert(args.begin(), wrapper_.begin(), wrapper_.end());
     pid_ = spawn_process(args, true);
     if (pid_ <= 0) return false;
     for (int i = 0; i < 500; ++i) {
@@ -230,6 +235,7 @@ class redis_server {
   pid_t pid_ = -1;
   std::string unix_socket_;
   std::vector<std::string> extra_;
+  std::vector<std::string> wrapper_;
 };
 
 // Child roles a test binary can run as: `<self> --child <name> args...`.

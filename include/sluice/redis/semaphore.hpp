@@ -225,9 +225,9 @@ class semaphore {
     const auto sent = detail::redis_clock::now();
     reply r = co_await detail::redis_sem_eval_or_drop(st, id, st->acquire_args(id, "try"));
     if (r.elements.at(0).integer != 1) co_return false;
+    if (!detail::redis_sem_add_held(st, id, r.elements.at(2).integer, sent)) co_return false;
     ++st->stats.acquired;
     st->stats.record_wait(detail::redis_clock::now() - sent);
-    detail::redis_sem_add_held(st, id, r.elements.at(2).integer, sent);
     co_return true;
   }
 

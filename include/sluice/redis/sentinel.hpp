@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -50,26 +51,54 @@ struct sentinel_options {
   /// Subscribe to `+switch-master` on one sentinel, so that a failover
   /// moves the connections at once, even those whose old primary is still up.
   bool watch = true;
+  /// How often every sentinel is asked again which node is the primary
+  /// (each check waits at most this long, and `command_timeout`, for the
+  /// answers). A node stays trusted for a `redis::semaphore` grant only
+  /// while the sentinels' majority named it primary in a check sent less
+  /// than the semaphore's restart grace ago (at least 0.6 s), so keep this
+  /// well below that. Must be positive.
+  std::chrono::milliseconds recheck{250};
 };
 
 }  // namespace sluice::redis
 
 namespace sluice::detail {
 
-// Finds the primary of one master name through the sentinels, and watches
-// +switch-master; the redis_locator of every connection of one
-// connect_sentinel() call (the returned one and its connect_again()s).
-// Loop-affine.
+// What one sentinel said of the master (SENTINEL MASTER <name>).
+struct redis_sentinel_answer {
+  bool answered = false;
+  bool up = false;  // flags name a master that is not s_down / o_down
+  long long epoch = -1;
+  std::string host, port;
+  std::string node() const { return host + ":" + port; }
+};
+
+// Finds the primary of one master name through the sentinels, re-checks it
+// with all of them every `recheck`, and watches +switch-master; the
+// redis_locator of every connection of one connect_sentinel() call (the
+// returned one and its connect_again()s). Loop-affine.
+//
+// A check asks every sentinel at once (one connection each, kept open) and
+// takes, among the answers that name a primary up, the one of the newest
+// config epoch (an epoch changes only with a won failover election). That
+// node is where connections go; it is confirmed (confirmed_at) only when a
+// majority of all the sentinels named it at that epoch. A sentinel that has
+// not answered within the check counts as silent; a silent watched sentinel
+// loses the watch, which moves to the next one.
 class redis_sentinel_locator final : public redis_locator,
                                      public std::enable_shared_from_this<redis_sentinel_locator> {
  public:
+  using clock = std::chrono::steady_clock;
+
   redis_sentinel_locator(asio::any_io_executor ex, std::vector<redis::sentinel_address> sentinels,
                          std::string master, redis::sentinel_options so)
       : ex_(std::move(ex)),
         sentinels_(std::move(sentinels)),
         master_(std::move(master)),
         so_(std::move(so)),
-        watch_timer_(ex_) {}
+        watch_timer_(ex_),
+        recheck_timer_(ex_),
+        queries_(sentinels_.size()) {}
 
   // The options of a connection to sentinel k.
   redis::options sentinel_options(std::size_t k) const {
@@ -87,9 +116,15 @@ class redis_sentinel_locator final : public redis_locator,
   // The address that connect_sentinel() found, for the first connect.
   void hint(found f) { hint_ = std::move(f); }
 
+  clock::time_point confirmed_at(const std::string& node) const override {
+    auto it = confirmed_.find(node);
+    return it == confirmed_.end() ? clock::time_point::min() : it->second;
+  }
+
   void locate(std::function<void(error_code, found)> done) override {
     if (closed_) {
-      asio::post(ex_, [d = std::move(done)] { d(redis::make_error_code(redis::errc::closed), {}); });
+      asio::post(ex_,
+                 [d = std::move(done)] { d(redis::make_error_code(redis::errc::closed), {}); });
       return;
     }
     if (hint_) {
@@ -115,10 +150,17 @@ class redis_sentinel_locator final : public redis_locator,
     ++attached_;
     std::erase_if(ios_, [](const std::weak_ptr<redis_io>& w) { return w.expired(); });
     ios_.push_back(io);
-    if (so_.watch && !watching_ && !closed_) {
+    if (closed_) return;
+    if (so_.watch && !watching_) {
       watching_ = true;
       ++busy_;
       asio::co_spawn(ex_, watch(shared_from_this()),
+                     [self = shared_from_this()](std::exception_ptr) { self->done_one(); });
+    }
+    if (!rechecking_) {
+      rechecking_ = true;
+      ++busy_;
+      asio::co_spawn(ex_, recheck(shared_from_this()),
                      [self = shared_from_this()](std::exception_ptr) { self->done_one(); });
     }
   }
@@ -137,61 +179,147 @@ class redis_sentinel_locator final : public redis_locator,
     idle_waiters_.push_back(std::move(done));
   }
 
-  // Asks the sentinels, in order (the last one that answered first), for the
-  // master's primary; the first that reports it up wins.
+  // One check (see the class comment): the primary of the newest epoch, or
+  // no_primary if no sentinel names one that is up.
   static asio::awaitable<std::pair<error_code, found>> find(
       std::shared_ptr<redis_sentinel_locator> st) {
-    for (std::size_t k = 0; k < st->sentinels_.size() && !st->closed_; ++k) {
-      try {
-        const redis::options so = st->sentinel_options(k);
-        auto resolve = redis_resolve(st->ex_, so);  // named: g++ 12 and co_await operands
-        auto eps = co_await std::move(resolve);
-        auto io = std::make_shared<redis_io>(st->ex_, std::move(eps), true, so);
-        auto c = std::make_shared<redis::connection>(io);
-        st->query_io_ = io;
-        std::vector<std::string> cmd{"SENTINEL", "MASTER", st->master_};
-        redis::reply r = co_await redis_call(*c, std::move(cmd));
-        co_await c->close();
-        st->query_io_.reset();
-        std::string ip, port, flags;
-        for (std::size_t i = 0; i + 1 < r.elements.size(); i += 2) {
-          const std::string& field = r.elements[i].str;
-          if (field == "ip") ip = r.elements[i + 1].str;
-          if (field == "port") port = r.elements[i + 1].str;
-          if (field == "flags") flags = r.elements[i + 1].str;
-        }
-        if (ip.empty() || port.empty() || flags.find("master") == std::string::npos ||
-            flags.find("s_down") != std::string::npos || flags.find("o_down") != std::string::npos)
-          continue;  // unknown name, or this sentinel sees that primary down
-        redis::options at;
-        at.host = ip;
-        at.port = static_cast<std::uint16_t>(std::stoul(port));
-        auto resolve_at = redis_resolve(st->ex_, at);
-        auto eps_at = co_await std::move(resolve_at);
-        std::pair<error_code, found> out;
-        out.second.endpoints = std::move(eps_at);
-        out.second.host = ip;
-        out.second.port = port;
-        std::rotate(st->sentinels_.begin(), st->sentinels_.begin() + static_cast<long>(k),
-                    st->sentinels_.begin() + static_cast<long>(k) + 1);
-        co_return out;
-      } catch (const std::exception&) {
-        st->query_io_.reset();  // unreachable, or a malformed answer: ask the next one
-      }
+    std::pair<error_code, found> out;
+    out.first = redis::make_error_code(redis::errc::no_primary);
+    const auto sent = clock::now();
+    auto op = ask_all(st, st->so_.command_timeout);  // named: g++ 12 and co_await operands
+    auto answers = co_await std::move(op);
+    auto best = st->judge(answers, sent);
+    if (!best || st->closed_) co_return out;
+    try {
+      redis::options at;
+      at.host = best->host;
+      at.port = static_cast<std::uint16_t>(std::stoul(best->port));
+      auto resolve_at = redis_resolve(st->ex_, at);
+      out.second.endpoints = co_await std::move(resolve_at);
+      out.second.host = best->host;
+      out.second.port = best->port;
+      out.first = error_code{};
+    } catch (const std::exception&) {  // a malformed answer
     }
-    std::pair<error_code, found> none;
-    none.first = redis::make_error_code(redis::errc::no_primary);
-    co_return none;
+    co_return out;
+  }
+
+  // Ends the sentinel connections (connect_sentinel() failed: nothing attached).
+  static asio::awaitable<void> close_queries(std::shared_ptr<redis_sentinel_locator> st) {
+    st->closed_ = true;
+    for (auto& q : st->queries_)
+      if (auto c = std::exchange(q, nullptr)) co_await c->close();
   }
 
  private:
-  // Subscribed to +switch-master on one sentinel (the next one after a loss)
-  // until the group closes.
+  struct round {
+    explicit round(const asio::any_io_executor& ex, std::size_t n) : timer(ex), answers(n) {}
+    asio::steady_timer timer;
+    std::vector<redis_sentinel_answer> answers;
+    std::size_t left = 0;
+  };
+
+  // Asks every sentinel at once; the answers that came within `within`.
+  static asio::awaitable<std::vector<redis_sentinel_answer>> ask_all(
+      std::shared_ptr<redis_sentinel_locator> st, std::chrono::milliseconds within) {
+    const std::size_t n = st->sentinels_.size();
+    auto r = std::make_shared<round>(st->ex_, n);
+    for (std::size_t k = 0; k < n && !st->closed_; ++k) {
+      if (!st->queries_[k]) {
+        try {
+          const redis::options so = st->sentinel_options(k);
+          auto resolve = redis_resolve(st->ex_, so);
+          auto eps = co_await std::move(resolve);
+          if (!st->queries_[k] && !st->closed_)
+            st->queries_[k] = std::make_shared<redis::connection>(
+                std::make_shared<redis_io>(st->ex_, std::move(eps), true, so));
+        } catch (const std::exception&) {
+          continue;  // unresolvable: silent
+        }
+      }
+      if (!st->queries_[k]) continue;
+      ++r->left;
+      st->queries_[k]->async_execute({"SENTINEL", "MASTER", st->master_},
+                                     [r, k](error_code ec, redis::reply rep) {
+                                       if (!ec && !rep.is_error()) r->answers[k] = parse(rep);
+                                       if (--r->left == 0) r->timer.cancel();
+                                     });
+    }
+    if (r->left > 0) {
+      r->timer.expires_after(within);
+      error_code ec;
+      co_await r->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    co_return r->answers;
+  }
+
+  static redis_sentinel_answer parse(const redis::reply& r) {
+    redis_sentinel_answer a;
+    std::string flags;
+    for (std::size_t i = 0; i + 1 < r.elements.size(); i += 2) {
+      const std::string& field = r.elements[i].str;
+      const std::string& value = r.elements[i + 1].str;
+      if (field == "ip") a.host = value;
+      if (field == "port") a.port = value;
+      if (field == "flags") flags = value;
+      if (field == "config-epoch") a.epoch = std::atoll(value.c_str());
+    }
+    a.answered = true;
+    a.up = !a.host.empty() && !a.port.empty() && flags.find("master") != std::string::npos &&
+           flags.find("s_down") == std::string::npos && flags.find("o_down") == std::string::npos;
+    return a;
+  }
+
+  // Weighs one check sent at `sent`: records a majority's confirmation, moves
+  // the connections to the newest primary, drops a silent watch. Returns the
+  // newest primary that is up, if any sentinel named one.
+  std::optional<redis_sentinel_answer> judge(const std::vector<redis_sentinel_answer>& answers,
+                                             clock::time_point sent) {
+    std::optional<redis_sentinel_answer> best;
+    for (const auto& a : answers)
+      if (a.up && (!best || a.epoch > best->epoch)) best = a;
+    if (watch_io_ && !answers.at(watch_index_).answered) watch_io_->shutdown();  // silent
+    if (!best) return best;
+    std::size_t agree = 0;
+    for (const auto& a : answers)
+      agree += a.up && a.epoch == best->epoch && a.node() == best->node() ? 1 : 0;
+    if (2 * agree > sentinels_.size()) {
+      auto& at = confirmed_[best->node()];
+      at = std::max(at, sent);
+    }
+    hint_.reset();
+    for (auto& weak : std::vector<std::weak_ptr<redis_io>>(ios_))
+      if (auto io = weak.lock()) io->relocate(best->host, best->port);
+    return best;
+  }
+
+  // Checks the primary every so_.recheck (from send to send: a silent
+  // sentinel does not stretch the period) until the group closes.
+  static asio::awaitable<void> recheck(std::shared_ptr<redis_sentinel_locator> st) {
+    auto next = clock::now();
+    while (!st->closed_) {
+      next = std::max(next + st->so_.recheck, clock::now());
+      st->recheck_timer_.expires_at(next);
+      error_code ec;
+      co_await st->recheck_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (st->closed_) break;
+      const auto sent = clock::now();
+      auto op = ask_all(st, std::min(st->so_.recheck, st->so_.command_timeout));
+      auto answers = co_await std::move(op);
+      if (!st->closed_) st->judge(answers, sent);
+    }
+    for (auto& q : st->queries_)
+      if (auto c = std::exchange(q, nullptr)) co_await c->close();
+  }
+
+  // Subscribed to +switch-master on one sentinel (the next one after a loss
+  // or a silence) until the group closes.
   static asio::awaitable<void> watch(std::shared_ptr<redis_sentinel_locator> st) {
     std::size_t k = 0;
     while (!st->closed_) {
       try {
-        const redis::options so = st->sentinel_options(k % st->sentinels_.size());
+        st->watch_index_ = k % st->sentinels_.size();
+        const redis::options so = st->sentinel_options(st->watch_index_);
         auto resolve = redis_resolve(st->ex_, so);
         auto eps = co_await std::move(resolve);
         auto io = std::make_shared<redis_io>(st->ex_, std::move(eps), true, so);
@@ -244,8 +372,14 @@ class redis_sentinel_locator final : public redis_locator,
     closed_ = true;
     hint_.reset();
     watch_timer_.cancel();
+    recheck_timer_.cancel();
     if (auto io = watch_io_) io->shutdown();
-    if (auto io = query_io_) io->shutdown();
+    if (!rechecking_) {  // else the recheck loop closes the sentinel connections
+      rechecking_ = true;
+      ++busy_;
+      asio::co_spawn(ex_, close_queries(shared_from_this()),
+                     [self = shared_from_this()](std::exception_ptr) { self->done_one(); });
+    }
   }
 
   void done_one() {
@@ -260,19 +394,22 @@ class redis_sentinel_locator final : public redis_locator,
   std::string master_;
   redis::sentinel_options so_;
   asio::steady_timer watch_timer_;
+  asio::steady_timer recheck_timer_;
   std::optional<found> hint_;
   std::vector<std::weak_ptr<redis_io>> ios_;
   std::vector<std::function<void(error_code, found)>> locate_waiters_;
   std::vector<std::function<void()>> idle_waiters_;
-  std::shared_ptr<redis_io> query_io_;  // the sentinel being asked now
+  std::vector<std::shared_ptr<redis::connection>> queries_;  // one per sentinel, kept open
+  std::map<std::string, clock::time_point> confirmed_;       // node -> last majority check
   std::shared_ptr<redis_io> watch_io_;  // the sentinel subscribed to +switch-master
+  std::size_t watch_index_ = 0;
   std::size_t attached_ = 0;
-  std::size_t busy_ = 0;  // find() and watch() coroutines running
+  std::size_t busy_ = 0;  // find(), watch() and recheck() coroutines running
   bool locating_ = false;
   bool watching_ = false;
+  bool rechecking_ = false;
   bool closed_ = false;
 };
-
 
 inline asio::awaitable<std::shared_ptr<redis::connection>> redis_connect_sentinel(
     asio::any_io_executor ex, std::vector<redis::sentinel_address> sentinels,
@@ -282,20 +419,25 @@ inline asio::awaitable<std::shared_ptr<redis::connection>> redis_connect_sentine
     throw std::invalid_argument("sluice::redis::connect_sentinel: no sentinel address");
   if (master_name.empty())
     throw std::invalid_argument("sluice::redis::connect_sentinel: empty master name");
+  if (so.recheck.count() <= 0)
+    throw std::invalid_argument("sluice::redis::connect_sentinel: sentinel_options::recheck <= 0");
   if (!o.unix_path.empty())
     throw std::invalid_argument("sluice::redis::connect_sentinel: a primary is reached over TCP");
   std::string where;
   for (const auto& s : sentinels)
     where += (where.empty() ? "" : ", ") + s.host + ":" + std::to_string(s.port);
-  auto loc = std::make_shared<redis_sentinel_locator>(ex, std::move(sentinels),
-                                                                      master_name, std::move(so));
+  auto loc = std::make_shared<redis_sentinel_locator>(ex, std::move(sentinels), master_name,
+                                                      std::move(so));
   (void)redis_io(ex, {}, true, loc->sentinel_options(0));  // bad TLS input throws
   // Named operation: g++ 12 may destroy a co_await operand's temporaries twice.
   auto op = redis_sentinel_locator::find(loc);
   auto first = co_await std::move(op);
-  if (first.first)
+  if (first.first) {
+    auto closing = redis_sentinel_locator::close_queries(loc);
+    co_await std::move(closing);
     throw system_error(first.first, "sluice::redis::connect_sentinel: master '" + master_name +
                                         "' via sentinels " + where);
+  }
   const bool handshake = !o.password.empty() || o.db != 0;
   auto eps = first.second.endpoints;
   loc->hint(std::move(first.second));
@@ -331,9 +473,9 @@ namespace sluice::redis {
 /// During a failover calls fail as on any lost connection (`errc::connection_lost`,
 /// the socket's error, or `errc::no_primary` while no sentinel reports a
 /// primary that is up); the next call asks again. A promoted replica has its own
-/// `run_id`, so a semaphore treats it as a restart: no new grant for one renewal interval + a margin,
-/// while holders re-claim (see `semaphore`); fencing tokens keep increasing
-/// as long as the servers' clocks agree within the failover time.
+/// `run_id`, so a semaphore treats it as a restart: no new grant for one renewal interval + a
+/// margin, while holders re-claim (see `semaphore`); fencing tokens keep increasing as long as the
+/// servers' clocks agree within the failover time.
 ///
 /// Throws `std::invalid_argument` for no sentinels, an empty name or a Unix
 /// socket in `o`; `sluice::system_error` with `errc::no_primary` if no
@@ -351,9 +493,8 @@ namespace sluice::redis {
 [[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect_sentinel(
     asio::any_io_executor ex, std::vector<sentinel_address> sentinels, std::string master_name,
     options o, sentinel_options so) {
-  return sluice::detail::redis_connect_sentinel(std::move(ex), std::move(sentinels),
-                                                std::move(master_name), std::move(o),
-                                                std::move(so));
+  return sluice::detail::redis_connect_sentinel(
+      std::move(ex), std::move(sentinels), std::move(master_name), std::move(o), std::move(so));
 }
 
 /// As above, with the default `sentinel_options` (no AUTH or TLS to the
@@ -371,9 +512,8 @@ namespace sluice::redis {
 /// As above, with the default `options` for the primary as well.
 [[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect_sentinel(
     asio::any_io_executor ex, std::vector<sentinel_address> sentinels, std::string master_name) {
-  return sluice::detail::redis_connect_sentinel(std::move(ex), std::move(sentinels),
-                                                std::move(master_name), options{},
-                                                sentinel_options{});
+  return sluice::detail::redis_connect_sentinel(
+      std::move(ex), std::move(sentinels), std::move(master_name), options{}, sentinel_options{});
 }
 
 }  // namespace sluice::redis

@@ -120,6 +120,9 @@ class redis_locator {
   virtual void detach() = 0;
   // Calls `done` (later, never inline) once the locator's own I/O has ended.
   virtual void wait_idle(std::function<void()> done) = 0;
+  // The local send time of the last check in which the sentinels' majority
+  // named `node` ("host:port") primary; time_point::min() if none did.
+  virtual std::chrono::steady_clock::time_point confirmed_at(const std::string& node) const = 0;
 };
 
 // The state behind a redis::connection, shared with its pending I/O handlers.
@@ -153,7 +156,8 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
         opts_(std::move(opts)) {
     if (opts_.tls) {
 #if defined(SLUICE_REDIS_TLS)
-      if (!tcp_) throw std::invalid_argument("sluice::redis: options::tls needs TCP, not a Unix socket");
+      if (!tcp_)
+        throw std::invalid_argument("sluice::redis: options::tls needs TCP, not a Unix socket");
       tls_ctx_ = redis_tls_context(*opts_.tls);
 #else
       throw std::invalid_argument(
@@ -169,11 +173,21 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     if (reader_ != nullptr) redisReaderFree(reader_);
   }
 
-  const asio::any_io_executor& executor() const noexcept { return ex_; }
-  const std::vector<endpoint_type>& endpoints() const noexcept { return endpoints_; }
-  bool tcp() const noexcept { return tcp_; }
-  const redis::options& opts() const noexcept { return opts_; }
-  const std::shared_ptr<redis_locator>& locator() const noexcept { return locator_; }
+  const asio::any_io_executor& executor() const noexcept {
+    return ex_;
+  }
+  const std::vector<endpoint_type>& endpoints() const noexcept {
+    return endpoints_;
+  }
+  bool tcp() const noexcept {
+    return tcp_;
+  }
+  const redis::options& opts() const noexcept {
+    return opts_;
+  }
+  const std::shared_ptr<redis_locator>& locator() const noexcept {
+    return locator_;
+  }
 
   // Follow `loc` (Sentinel): every connect asks it where to go, and a
   // -READONLY reply (the node was demoted) resets the connection. Once, before use.
@@ -195,11 +209,23 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     if (state_ == state::open && !(host == host_ && port == port_))
       fail(redis::make_error_code(redis::errc::connection_lost));
   }
-  state current() const noexcept { return state_; }
-  std::size_t pending() const noexcept { return pending_.size(); }
+  state current() const noexcept {
+    return state_;
+  }
+  std::size_t pending() const noexcept {
+    return pending_.size();
+  }
+  // "host:port" where the locator pointed last; empty without a locator.
+  std::string node() const {
+    return locator_ ? host_ + ":" + port_ : std::string();
+  }
 
-  void on_message(std::function<void(const redis::reply&)> f) { on_message_ = std::move(f); }
-  void on_lost(std::function<void()> f) { on_lost_ = std::move(f); }
+  void on_message(std::function<void(const redis::reply&)> f) {
+    on_message_ = std::move(f);
+  }
+  void on_lost(std::function<void()> f) {
+    on_lost_ = std::move(f);
+  }
 
   // Queues one command; the handler gets (error_code, reply).
   template <class Handler>
@@ -247,7 +273,9 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   void wait_idle(Handler&& handler) {
     if (locator_) {  // then the locator's I/O (once the last of its group closed)
       auto h = std::make_shared<erased_handler<>>(std::forward<Handler>(handler), ex_);
-      auto then = [loc = locator_, h] { loc->wait_idle([h] { h->complete(); }); };
+      auto then = [loc = locator_, h] {
+        loc->wait_idle([h] { h->complete(); });
+      };
       if (io_ops_ == 0) {
         asio::post(ex_, std::move(then));
       } else {
@@ -301,10 +329,10 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     arm_timer();
     if (locator_) {  // Sentinel: where is the primary now? (within connect_timeout)
       ++io_ops_;
-      locator_->locate([self = shared_from_this(), gen = gen_](error_code ec,
-                                                               redis_locator::found f) {
-        self->on_located(gen, ec, std::move(f));
-      });
+      locator_->locate(
+          [self = shared_from_this(), gen = gen_](error_code ec, redis_locator::found f) {
+            self->on_located(gen, ec, std::move(f));
+          });
       return;
     }
     start_socket();
@@ -382,10 +410,9 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     };
 #if defined(SLUICE_REDIS_TLS)
     if (tls_) {
-      tls_->async_read_some(asio::buffer(rbuf_),
-                            [done = std::move(done), keep = tls_](error_code ec, std::size_t n) {
-                              done(ec, n);
-                            });
+      tls_->async_read_some(
+          asio::buffer(rbuf_),
+          [done = std::move(done), keep = tls_](error_code ec, std::size_t n) { done(ec, n); });
       return;
     }
 #endif
@@ -519,10 +546,9 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     };
 #if defined(SLUICE_REDIS_TLS)
     if (tls_) {
-      asio::async_write(*tls_, asio::buffer(writing_),
-                        [done = std::move(done), keep = tls_](error_code ec, std::size_t n) {
-                          done(ec, n);
-                        });
+      asio::async_write(
+          *tls_, asio::buffer(writing_),
+          [done = std::move(done), keep = tls_](error_code ec, std::size_t n) { done(ec, n); });
       return;
     }
 #endif
@@ -576,9 +602,9 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   std::vector<endpoint_type> endpoints_;
   bool tcp_;
   redis::options opts_;
-  std::string host_ = opts_.host;              // for TLS; where the locator pointed
-  std::string port_;                           // the locator's port ("" without one)
-  std::shared_ptr<redis_locator> locator_;     // Sentinel; null for a fixed address
+  std::string host_ = opts_.host;           // for TLS; where the locator pointed
+  std::string port_;                        // the locator's port ("" without one)
+  std::shared_ptr<redis_locator> locator_;  // Sentinel; null for a fixed address
 #if defined(SLUICE_REDIS_TLS)
   std::shared_ptr<asio::ssl::context> tls_ctx_;  // options::tls, loaded once
   std::shared_ptr<redis_tls_stream> tls_;        // this generation's; owns its socket
