@@ -4,8 +4,10 @@
 // pinned in virtual time; one policy shared by sessions on strands of a
 // 4-thread io_context.
 #include <sluice/breaker.hpp>
+#include <sluice/hedge.hpp>
 #include <sluice/limits.hpp>
 #include <sluice/policy.hpp>
+#include <sluice/prometheus.hpp>
 #include <sluice/retry_layer.hpp>
 #include <sluice/shed.hpp>
 #include <sluice/timeout_layer.hpp>
@@ -18,6 +20,8 @@
 #include <sluice/time.hpp>
 
 #include <support/asio.hpp>
+
+#include <examples/support/policy_scenarios.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -525,6 +529,196 @@ TEST_CASE("linger on shed: a cancelled caller's permit stays for the linger, joi
     CHECK(p.get<0>().lingering() == 0);
   });
   CHECK(cap.value() == 1);
+}
+
+// ---- hedged requests -------------------------------------------------------
+
+namespace {
+
+// A provider whose i-th attempt takes durations[i]; counts attempts that
+// were cancelled and attempts in flight.
+struct attempts {
+  std::vector<ns> durations;
+  std::size_t started = 0, cancelled = 0, in_flight = 0;
+  std::vector<ns> starts = {};
+  asio::awaitable<int> call() {
+    const std::size_t i = started++;
+    starts.push_back(co_await vnow());
+    ++in_flight;
+    try {
+      co_await sluice::sleep(durations.at(i));
+    } catch (...) {
+      --in_flight;
+      ++cancelled;
+      throw;
+    }
+    --in_flight;
+    co_return static_cast<int>(i);
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "hedge: a second attempt starts at the delay; the first success wins, the loser is "
+    "cancelled and awaited",
+    "[policy][hedge]") {
+  attempts a{{10s, 1s}};
+  auto p = sluice::policy(sluice::hedge({.after = 2s, .budget = 1.0}));
+  virtual_loop loop;
+  const int winner = loop.run([&]() -> asio::awaitable<int> {
+    const int w = co_await p([&] { return a.call(); });
+    CHECK(a.in_flight == 0);  // the loser has ended before the call returned
+    co_return w;
+  });
+  CHECK(winner == 1);
+  CHECK(loop.now() == 3s);
+  CHECK(a.starts == std::vector<ns>{0s, 2s});
+  CHECK(a.cancelled == 1);
+  const auto s = p.get<0>().stats();
+  CHECK(s.calls == 1);
+  CHECK(s.hedged == 1);
+  CHECK(s.hedge_won == 1);
+}
+
+TEST_CASE("hedge: a first attempt that ends before the delay starts no hedge", "[policy][hedge]") {
+  attempts a{{2s - 1ns}};
+  auto p = sluice::policy(sluice::hedge({.after = 2s, .budget = 1.0}));
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> { co_await p([&] { return a.call(); }); });
+  CHECK(a.started == 1);
+  CHECK(loop.now() == 2s - 1ns);
+  CHECK(p.get<0>().stats().hedged == 0);
+}
+
+TEST_CASE("hedge: a failure before the hedge ends the call; after it, the other attempt decides",
+          "[policy][hedge]") {
+  auto p = sluice::policy(sluice::hedge({.after = 2s, .budget = 1.0}));
+  virtual_loop loop;
+  std::size_t calls = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    // Fails at 1 s: no hedge, the error at once.
+    CHECK_THROWS_AS(co_await p([&] {
+                      ++calls;
+                      return work<std::runtime_error>(1s);
+                    }),
+                    std::runtime_error);
+    CHECK(co_await vnow() == 1s);
+    CHECK(calls == 1);
+    // The first fails at 3 s, after the hedge started at 2 s; the hedge succeeds at 4 s.
+    attempts a{{3s, 2s}};
+    auto first_fails = [&]() -> asio::awaitable<int> {
+      const int i = co_await a.call();
+      if (i == 0) throw std::runtime_error("first attempt failed");
+      co_return i;
+    };
+    const int winner = co_await p(first_fails);  // not inside CHECK: it evaluates twice
+    CHECK(winner == 1);
+    CHECK(co_await vnow() == 5s);
+  });
+}
+
+TEST_CASE("hedge: the budget caps hedges at its ratio of calls", "[policy][hedge]") {
+  auto p = sluice::policy(sluice::hedge({.after = 1s, .budget = 0.25}));
+  virtual_loop loop;
+  std::size_t attempts_made = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    for (int i = 0; i < 8; ++i)
+      co_await p([&] {
+        ++attempts_made;
+        return work(2s);
+      });
+  });
+  // Calls 4 and 8 may hedge (1 <= 0.25 * 4, 2 <= 0.25 * 8); the other six are over budget.
+  const auto s = p.get<0>().stats();
+  CHECK(s.hedged == 2);
+  CHECK(s.over_budget == 6);
+  CHECK(attempts_made == 10);
+}
+
+TEST_CASE("hedge: each attempt takes the limits inside it; a cancelled caller ends both",
+          "[policy][hedge]") {
+  sluice::semaphore cap{1};
+  attempts a{{10s, 10s}};
+  auto p = sluice::policy(sluice::hedge({.after = 1s, .budget = 1.0}), sluice::limits(cap));
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    // The hedge waits for the one permit: it never starts before the first ends.
+    CHECK_THROWS_AS(co_await sluice::with_timeout(5s, p([&] { return a.call(); })),
+                    sluice::timeout_error);
+  });
+  CHECK(a.started == 1);
+  CHECK(a.cancelled == 1);
+  CHECK(cap.value() == 1);
+  CHECK(p.get<0>().stats().hedged == 1);
+}
+
+TEST_CASE("tail latency: hedging at the p95 cuts the p99 at least 5x for at most 5% extra calls",
+          "[policy][hedge][table]") {
+  namespace sc = sluice_examples::policies;
+  const auto plain = sc::run_tail(false);
+  const auto hedged = sc::run_tail(true);
+  CHECK(plain.provider == plain.calls);
+  CHECK(hedged.p99 * 5 <= plain.p99);
+  CHECK(hedged.extra() <= 0.05);
+  // The figures of docs/provider-limits.md, exact in virtual time.
+  CHECK(plain.p50 == 10942us);
+  CHECK(plain.p99 == 1088ms);
+  CHECK(hedged.p50 == 10942us);
+  CHECK(hedged.p99 == 21919us);    // 49.6x shorter
+  CHECK(hedged.provider == 5247);  // 4.94% extra calls
+}
+
+TEST_CASE("overload: with shedding no accepted call waits past the bound; without, waits grow",
+          "[policy][shed][table]") {
+  namespace sc = sluice_examples::policies;
+  const auto queued = sc::run_overload(false);
+  const auto shed = sc::run_overload(true);
+  CHECK(queued.shed == 0);
+  CHECK(shed.max_wait <= 200ms);
+  CHECK(queued.p99_wait > 20s);
+  // The figures of docs/provider-limits.md, exact in virtual time.
+  CHECK(queued.arrived == 4800);
+  CHECK(queued.accepted == 4800);
+  CHECK(queued.p99_wait == 59350ms);
+  CHECK(shed.accepted == 2408);
+  CHECK(shed.shed == 2392);
+  CHECK(shed.p99_wait == 187500us);
+}
+
+// ---- metrics ----------------------------------------------------------------
+
+TEST_CASE("prometheus_text renders a limit and every layer of a policy, one group per metric",
+          "[policy][prometheus]") {
+  sluice::semaphore cap{2};
+  auto p = sluice::policy(sluice::shed(cap, {.max_waiting = 0}),
+                          sluice::breaker({.window = 1, .minimum_calls = 1}), sluice::timeout(1s));
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await failing(p, 2s);  // times out: the breaker opens
+    CHECK_THROWS_AS(co_await p([] { return work(0s); }), sluice::breaker_open_error);
+  });
+  sluice::prometheus_text m;
+  m.add("backend", cap.stats()).add("provider", p);
+  const std::string text = m.str();
+  const auto has = [&](const std::string& line) {
+    return text.find(line + "\n") != std::string::npos;
+  };
+  CHECK(has("# TYPE sluice_limit_acquired_total counter"));
+  CHECK(has("sluice_limit_acquired_total{name=\"backend\"} 2"));
+  CHECK(has("sluice_limit_in_use{name=\"backend\"} 0"));
+  CHECK(has("sluice_limit_wait_seconds_count{name=\"backend\"} 2"));
+  CHECK(has("sluice_shed_admitted_total{name=\"provider\",layer=\"0\"} 2"));
+  CHECK(has("sluice_breaker_state{name=\"provider\",layer=\"1\",state=\"open\"} 1"));
+  CHECK(has("sluice_breaker_state{name=\"provider\",layer=\"1\",state=\"closed\"} 0"));
+  CHECK(has("sluice_breaker_not_permitted_total{name=\"provider\",layer=\"1\"} 1"));
+  CHECK(has("sluice_timeout_timeouts_total{name=\"provider\",layer=\"2\"} 1"));
+  // Each metric's HELP and TYPE appear once.
+  std::size_t types = 0;
+  for (std::size_t at = 0;
+       (at = text.find("# TYPE sluice_breaker_state ", at)) != std::string::npos; ++at)
+    ++types;
+  CHECK(types == 1);
 }
 
 // ---- threads ----------------------------------------------------------------

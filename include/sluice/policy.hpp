@@ -100,9 +100,12 @@ class call_policy {
   /// limits. At once for a policy without lingering layers.
   [[nodiscard]] asio::awaitable<void> join() { co_await join_from<0>(); }
 
+  /// How many layers the policy has.
+  static constexpr std::size_t layer_count = sizeof...(Layers);
+
   /// The I-th layer (outermost is 0), to read its stats.
   template <std::size_t I>
-  [[nodiscard]] auto& get() noexcept {
+  requires(I < sizeof...(Layers)) [[nodiscard]] auto& get() noexcept {
     return std::get<I>(layers_);
   }
   /// The layer of type `L` (when only one has it).

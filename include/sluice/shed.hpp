@@ -97,7 +97,9 @@ auto shed_permit_type() {
 ///   (`try_acquire()`, awaited for `strand_bound`): a call the limit grants at
 ///   once never counts as waiting, so `max_waiting = 0` passes exactly the
 ///   calls that need no wait. A rate limiter in virtual time must then be
-///   built with the executor (its `try_acquire()` reads that clock).
+///   built with the executor (its `try_acquire()` reads that clock). A
+///   permit taken that way is given back by `release()`: the limit's stats
+///   count it as acquired, without a hold time.
 /// - The count is the layer's own (an atomic: exact, never a read of the
 ///   limit's `waiters()`), of the callers that wait through this layer; the
 ///   limit's other users are not counted. Thread-safe when the limit is.

@@ -50,6 +50,7 @@
 
 // Call policies: the layers around a provider call, composed in one value
 #include <sluice/breaker.hpp>
+#include <sluice/hedge.hpp>
 #include <sluice/limits.hpp>
 #include <sluice/overloaded_error.hpp>
 #include <sluice/policy.hpp>
@@ -57,7 +58,8 @@
 #include <sluice/shed.hpp>
 #include <sluice/timeout_layer.hpp>
 
-// Operating it: what every limit has done and is doing
+// Operating it: what every limit has done and is doing, and its Prometheus text
+#include <sluice/prometheus.hpp>
 #include <sluice/stats.hpp>
 
 // Time, timeouts and deadlines
