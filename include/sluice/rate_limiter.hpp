@@ -9,6 +9,7 @@
 
 #include <sluice/detail/asio.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <system_error>
 #include <utility>
@@ -86,16 +87,19 @@ namespace sluice {
 class rate_limiter : public detail::rate_limiter_api<detail::sliding_window> {
  public:
   /// At most `calls` starts in any window of `per`; no executor (handlers
-  /// without one are rejected; time comes from the first waiter).
-  rate_limiter(std::size_t calls, clock::duration per)
-      : rate_limiter_api(name, detail::sliding_window(calls, per, name), asio::any_io_executor{}) {}
+  /// without one are rejected; time comes from the first waiter). `per` is
+  /// any `std::chrono::duration`, saturated instead of overflowing.
+  template <class Rep, class Period>
+  rate_limiter(std::size_t calls, std::chrono::duration<Rep, Period> per)
+      : rate_limiter_api(name, detail::sliding_window(calls, detail::saturate(per), name),
+                         asio::any_io_executor{}) {}
 
   /// As above, with an executor: its context's clock is used from the start
   /// (also by `try_acquire()`), and it runs handlers that have no executor.
-  template <class Executor>
+  template <class Executor, class Rep, class Period>
   requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
-      rate_limiter(const Executor& ex, std::size_t calls, clock::duration per)
-      : rate_limiter_api(name, detail::sliding_window(calls, per, name),
+      rate_limiter(const Executor& ex, std::size_t calls, std::chrono::duration<Rep, Period> per)
+      : rate_limiter_api(name, detail::sliding_window(calls, detail::saturate(per), name),
                          asio::any_io_executor(ex)) {}
 
   /// The quota: starts per window.
