@@ -27,6 +27,10 @@
 
 namespace sluice {
 
+namespace detail {
+struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
+}  // namespace detail
+
 /// A semaphore whose limit follows the provider (Netflix's concurrency-limits;
 /// tower's and Envoy's adaptive concurrency): callers report how each call
 /// went, and the limit grows while calls succeed and falls on a throttle, a
@@ -138,6 +142,7 @@ class adaptive_limit {
 
    private:
     friend class adaptive_limit;
+    friend struct detail::budget_access;
     permit(adaptive_limit& c, detail::virtual_clock_service* v, clock::time_point start)
         : cap_(&c),
           vclock_(v),
@@ -286,6 +291,7 @@ class adaptive_limit {
   }
 
  private:
+  friend struct detail::budget_access;
   struct sample {
     clock::duration latency;
     std::uint64_t epoch;    // the limit's epoch at the grant

@@ -96,6 +96,8 @@ class event {
 
   /// Waits until the flag is set; does not suspend if it already is.
   [[nodiscard]] asio::awaitable<void> wait() {
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state,
+                                "sluice::event::wait");
     if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     {
       const auto in = affinity_.enter("sluice::event");

@@ -131,9 +131,14 @@ requires std::invocable<F&, const progress_info&>
 class progress {
  public:
   /// Reports through `report` at most once per `every` (default 1 s).
-  explicit progress(F report, clock::duration every = std::chrono::seconds(1))
-      : report_(std::move(report)), every_(every) {
-    if (every < clock::duration::zero())
+  explicit progress(F report) : progress(std::move(report), std::chrono::seconds(1)) {}
+
+  /// As above, at most once per `every` (any `std::chrono::duration`,
+  /// saturated instead of overflowing).
+  template <class Rep, class Period>
+  progress(F report, std::chrono::duration<Rep, Period> every)
+      : report_(std::move(report)), every_(detail::saturate(every)) {
+    if (every_ < clock::duration::zero())
       throw std::invalid_argument("sluice::progress: `every` must not be negative");
   }
 

@@ -15,6 +15,10 @@
 
 namespace sluice {
 
+namespace detail {
+struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
+}  // namespace detail
+
 /// A counting semaphore that coroutines on any number of threads and
 /// `io_context`s share: a process-wide cap (8 requests in flight across 4
 /// worker threads), where a `sluice::semaphore` per loop would multiply the cap
@@ -98,9 +102,9 @@ class shared_semaphore {
   /// Throws `system_error(operation_aborted)` when cancelled (holding
   /// nothing).
   [[nodiscard]] asio::awaitable<void> acquire() {
-    if (core_.try_acquire()) co_return;
     auto state = co_await asio::this_coro::cancellation_state;
-    const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
+    detail::refuse_if_cancelled(state, "sluice::shared_semaphore::acquire");
+    if (core_.try_acquire()) co_return;
     detail::pending_grant grant;  // counted here: a cancelled wait is not a grant
     co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
         [this, &grant](auto&& handler) {
@@ -108,7 +112,7 @@ class shared_semaphore {
                                     "sluice::shared_semaphore::acquire", &grant);
         },
         asio::use_awaitable_t<>{});
-    if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+    if (state.cancelled() != asio::cancellation_type::none) {
       core_.stats_sink().cancelled.fetch_add(1, std::memory_order_relaxed);
       core_.release();  // granted after the cancellation: pass it on
       throw system_error(asio::error::operation_aborted, "sluice::shared_semaphore::acquire");
@@ -152,6 +156,7 @@ class shared_semaphore {
 
  private:
   friend permit;
+  friend struct detail::budget_access;
   void release_held(detail::clock::time_point since) {
     auto& sink = core_.stats_sink();
     sink.end_hold(since);

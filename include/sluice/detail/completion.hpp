@@ -14,6 +14,28 @@
 
 namespace sluice::detail {
 
+// True if `handler` resumes a coroutine whose cancellation was requested
+// before the call (a caller that runs on with throw_if_cancelled(false)).
+// Asio's coroutine handler exposes its coroutine's cancellation state; a
+// cancellation slot cannot say whether it was already emitted, so other
+// handlers (callbacks, futures) are never taken for cancelled.
+template <class Handler>
+bool cancel_requested(const Handler& handler) noexcept {
+  if constexpr (requires { handler.get_cancellation_state().cancelled(); }) {
+    return handler.get_cancellation_state().cancelled() != asio::cancellation_type::none;
+  } else {
+    return false;
+  }
+}
+
+// The start of every awaitable wait (also of its path that would not wait):
+// a coroutine whose cancellation was already requested is refused at once,
+// holding and taking nothing. `what` names the call in the exception.
+inline void refuse_if_cancelled(const asio::cancellation_state& state, const char* what) {
+  if (state.cancelled() != asio::cancellation_type::none)
+    throw system_error(asio::error::operation_aborted, what);
+}
+
 // Completes `handler` with `args` through its associated executor (falling back
 // to `fallback`), never inline: the caller may be inside release()/notify().
 // The handler's cancellation slot is cleared first, as Asio requires of an

@@ -94,8 +94,9 @@ class permit_core {
     value_ += n;
   }
 
+  // Returns how the wait started (refused: nothing taken).
   template <class Handler>
-  void initiate(Handler&& handler, bool cancellable, pending_grant* pending = nullptr) {
+  wait_start initiate(Handler&& handler, bool cancellable, pending_grant* pending = nullptr) {
     const auto hex = asio::get_associated_executor(handler, ex_);
     affinity_.bind(hex);
     const auto in = affinity_.enter(name_);
@@ -105,12 +106,13 @@ class permit_core {
       stats_->clock.bind(stats_executor(hex));
       since = stats_->clock.now();
     }
-    start_wait<timed_wait, deliver_nothing>(std::forward<Handler>(handler), ex_, name_, waiters_,
-                                            ready, cancellable, since, pending);
-    if (ready) {
+    const wait_start started = start_wait<timed_wait, deliver_nothing>(
+        std::forward<Handler>(handler), ex_, name_, waiters_, ready, cancellable, since, pending);
+    if (started == wait_start::completed) {
       --value_;
       count_grant(*stats_, pending, false, {});
     }
+    return started;
   }
 
   template <class CompletionToken>
@@ -122,9 +124,12 @@ class permit_core {
         token);
   }
 
-  // The uncontended path does not suspend. A waiter that was granted its permit
-  // but whose coroutine was cancelled before it resumed hands the permit on and
-  // throws operation_aborted, as if the cancellation had come first.
+  // The uncontended path does not suspend. A caller whose cancellation was
+  // requested before it called is refused at once (operation_aborted), even
+  // when a permit is free: it takes nothing. A waiter that was granted its
+  // permit but whose coroutine was cancelled before it resumed hands the
+  // permit on and throws operation_aborted, as if the cancellation had come
+  // first.
   asio::awaitable<void> acquire() {
     return acquire([this] { release(""); });
   }
@@ -134,17 +139,17 @@ class permit_core {
   // this core: nothing here touches `this` after hand_on()).
   template <class HandOn>
   asio::awaitable<void> acquire(HandOn hand_on) {
+    auto state = co_await asio::this_coro::cancellation_state;
+    refuse_if_cancelled(state, name_);
     if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
-    auto state = co_await asio::this_coro::cancellation_state;
-    const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     pending_grant grant;
     co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
         [this, &grant](auto&& handler) {
           initiate(std::forward<decltype(handler)>(handler), true, &grant);
         },
         asio::use_awaitable_t<>{});
-    if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+    if (state.cancelled() != asio::cancellation_type::none) {
       ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
       hand_on();
       throw system_error(asio::error::operation_aborted);
@@ -181,6 +186,8 @@ class permit_core {
   // Counts into `sink` instead of this core's own (keyed_semaphore: one sink
   // for every key). Before any use.
   void share_stats(stats_sink& sink) noexcept { stats_ = &sink; }
+  // A grant of try_acquire() given back untouched (acquire_all): uncounted.
+  void ungrant() noexcept { stats_->ungrant(); }
   [[nodiscard]] sluice::stats stats() const noexcept {
     return stats_->read(waiters_.size(), in_use(), bound_);
   }

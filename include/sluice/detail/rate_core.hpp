@@ -99,12 +99,17 @@ class rate_core {
     const bool ready = waiters_.empty() && policy_.ready_at(n, now) <= now;
     // Taken before the completion is posted, so that it carries the grant's key.
     const clock::time_point at = ready ? policy_.take(n, now) : now;
+    wait_start started = wait_start::waiting;
     try {
-      start_wait<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_, waiters_, ready,
-                                     true, n, at, std::move(any), pending);
+      started = start_wait<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_, waiters_,
+                                               ready, true, n, at, std::move(any), pending);
     } catch (...) {
       if (ready) policy_.give_back(n, at, now);
       throw;
+    }
+    if (started == wait_start::refused) {  // cancelled before it called: takes nothing
+      if (ready) policy_.give_back(n, at, now);
+      return;
     }
     if (ready) {
       count_grant(*stats_, pending, false, {});
@@ -195,6 +200,8 @@ class rate_core {
   // Counts into `sink` instead of this core's own (keyed_rate_limiter: one
   // sink for every key). Before any use.
   void share_stats(stats_sink& sink) noexcept { stats_ = &sink; }
+  // A grant of take_ready() given back untouched (acquire_all): uncounted.
+  void ungrant() noexcept { stats_->ungrant(); }
   [[nodiscard]] std::size_t in_use() const { return policy_.in_use(clock_.now()); }
   [[nodiscard]] sluice::stats stats() const {
     return stats_->read(waiters_.size(), in_use(), policy_.limit());
@@ -205,8 +212,7 @@ class rate_core {
   asio::awaitable<std::conditional_t<Granted, clock::time_point, void>> acquire_impl(
       std::size_t n) {
     const auto state = co_await asio::this_coro::cancellation_state;
-    if (state.cancelled() != asio::cancellation_type::none)
-      throw system_error(asio::error::operation_aborted, name_);
+    refuse_if_cancelled(state, name_);
     affinity_.check(name_);  // a check only: no scope across co_await
     bind_clock(co_await asio::this_coro::executor);
     if (const auto key = try_take(n, clock_.now())) {
