@@ -44,7 +44,7 @@ namespace sluice {
 /// `after` before the next attempt (the hint wins over the backoff; a negative
 /// hint counts as zero). `sluice::testing::throttled_error` carries one.
 struct retry_after {
-  clock::duration after{};  ///< how long the provider asks the caller to wait
+  saturating_duration after{};  ///< how long the provider asks the caller to wait (any duration)
 };
 
 /// A call the provider refused for now (HTTP 429, 503): retryable by default.
@@ -85,7 +85,7 @@ class throttled_error : public std::runtime_error {
   try {
     std::rethrow_exception(e);
   } catch (const retry_after& h) {
-    return std::max(h.after, clock::duration::zero());
+    return std::max<clock::duration>(h.after, clock::duration::zero());
   } catch (...) {
     return std::nullopt;
   }
@@ -115,12 +115,12 @@ struct retry_budget_access;
 /// Retry number k (k = 0 before the second attempt) waits `min(max, first * 2^k)`
 /// scaled by `jitter`, or exactly the `retry_after` hint the error carries.
 struct backoff {
-  clock::duration first = std::chrono::milliseconds(100);  ///< the base of the first retry
-  clock::duration max = std::chrono::seconds(30);          ///< no backoff delay exceeds it
+  saturating_duration first = std::chrono::milliseconds(100);  ///< the base of the first retry
+  saturating_duration max = std::chrono::seconds(30);          ///< no backoff delay exceeds it
   std::size_t attempts = 5;  ///< attempts in all, the first one included (1: never retry)
   /// No retry is scheduled whose wait would end more than this after the first
   /// attempt started; the last error passes through instead.
-  clock::duration max_elapsed = clock::duration::max();
+  saturating_duration max_elapsed = clock::duration::max();
   jitter_kind jitter = full_jitter;  ///< how the delay is randomised
   /// The jitter's seed. Unset: a fixed seed under `sluice::testing::virtual_loop`
   /// (runs are reproducible), `std::random_device` otherwise. Each call draws
@@ -136,9 +136,10 @@ struct backoff {
   /// The delay before retry number `k` given a draw `u` in [0, 1) (`u` is
   /// ignored without jitter). Exposed so a caller can print its schedule.
   [[nodiscard]] clock::duration delay(std::size_t k, double u) const noexcept {
+    const clock::duration cap = max;
     clock::duration base = first;
-    for (std::size_t i = 0; i < k && base < max; ++i) base = base > max / 2 ? max : base * 2;
-    base = std::min(base, max);
+    for (std::size_t i = 0; i < k && base < cap; ++i) base = base > cap / 2 ? cap : base * 2;
+    base = std::min(base, cap);
     const auto scaled = [u](clock::duration d) {
       return clock::duration(static_cast<clock::duration::rep>(static_cast<double>(d.count()) * u));
     };
@@ -180,9 +181,9 @@ class retry_budget {
  public:
   /// The budget's parameters.
   struct options {
-    double ratio = 0.1;                              ///< retries per first attempt
-    clock::duration per = std::chrono::seconds(10);  ///< the window
-    std::size_t min_retries = 0;                     ///< retries always allowed per window
+    double ratio = 0.1;                                  ///< retries per first attempt
+    saturating_duration per = std::chrono::seconds(10);  ///< the window
+    std::size_t min_retries = 0;                         ///< retries always allowed per window
   };
 
   /// Throws `std::invalid_argument` for a bad ratio or window.
