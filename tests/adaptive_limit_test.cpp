@@ -622,3 +622,44 @@ TEST_CASE(
   while (auto p = cap.try_acquire(loop.get_executor())) all.push_back(std::move(p));
   CHECK(all.size() == cap.limit());
 }
+
+TEST_CASE("a classify that throws ends run with callback_error, the call's error nested",
+          "[adaptive_limit]") {
+  virtual_loop loop;
+  adaptive_limit cap{still(2)};
+  struct provider_down : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  const void* thrown = nullptr;
+  const void* nested = nullptr;
+  std::string what;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await cap.run(
+          [&]() -> asio::awaitable<void> {
+            try {
+              throw provider_down("502");
+            } catch (const provider_down& e) {
+              thrown = &e;
+              throw;
+            }
+            co_return;
+          },
+          [](const std::exception_ptr&) -> adaptive_limit::outcome {
+            throw std::logic_error("classifier bug");
+          });
+    } catch (const sluice::callback_error& e) {
+      what = e.what();
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const provider_down& original) {
+        nested = &original;
+      }
+    }
+  });
+  CHECK(what == "sluice::adaptive_limit::run: classify threw: classifier bug");
+  CHECK(nested != nullptr);
+  CHECK(nested == thrown);
+  CHECK(cap.in_flight() == 0);  // the place is back
+  CHECK(cap.throttles() + cap.drops() + cap.successes() == 0);
+}

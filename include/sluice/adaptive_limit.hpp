@@ -4,7 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/permit_core.hpp>
-#include <sluice/retry.hpp>
+#include <sluice/retryable.hpp>
 #include <sluice/stats.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
@@ -26,6 +26,10 @@
 #include <variant>
 
 namespace sluice {
+
+namespace detail {
+struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
+}  // namespace detail
 
 /// Additive increase, multiplicative decrease (TCP's congestion control, as in
 /// Netflix's concurrency-limits `AIMDLimit`): while the limit is in use, each
@@ -181,6 +185,7 @@ class adaptive_limit {
 
    private:
     friend class adaptive_limit;
+    friend struct detail::budget_access;
     permit(adaptive_limit& c, detail::virtual_clock_service* v, clock::time_point start)
         : cap_(&c), vclock_(v), start_(start), epoch_(c.epoch_), in_flight_(c.in_flight()) {}
 
@@ -226,7 +231,9 @@ class adaptive_limit {
   /// Runs `fn()` (which returns an awaitable) under a permit and reports its
   /// outcome: success; `classify(exception)` for an exception, which is then
   /// rethrown unchanged. The permit is released on every way out, also when
-  /// the caller is cancelled (as `ignored` then).
+  /// the caller is cancelled (as `ignored` then). A `classify` that throws
+  /// reports nothing (`ignored`) and ends the call with
+  /// `sluice::callback_error`, the call's own error nested in it.
   template <class F, class Classify>
   [[nodiscard]] auto run(F fn, Classify classify)
       -> asio::awaitable<typename std::invoke_result_t<F&>::value_type> {
@@ -246,7 +253,13 @@ class adaptive_limit {
     } catch (...) {
       error = std::current_exception();
     }
-    p.report(classify(error));
+    outcome o = outcome::ignored;
+    try {
+      o = classify(error);
+    } catch (...) {
+      detail::throw_callback_failure("sluice::adaptive_limit::run: classify", error);
+    }
+    p.report(o);
     std::rethrow_exception(error);
   }
 
@@ -317,6 +330,7 @@ class adaptive_limit {
   }
 
  private:
+  friend struct detail::budget_access;
   struct sample {
     clock::duration latency;
     std::uint64_t epoch;    // the limit's epoch at the grant

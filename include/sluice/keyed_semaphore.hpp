@@ -21,6 +21,10 @@
 
 namespace sluice {
 
+namespace detail {
+struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
+}  // namespace detail
+
 /// At most `per_key` holders per key at once: one `semaphore` per key, made
 /// when a key is first used and freed the moment nobody holds or waits for it
 /// (pynenc's keyed concurrency, "one job per account at a time", and its
@@ -110,6 +114,7 @@ class keyed_semaphore {
 
    private:
     friend class keyed_semaphore;
+    friend struct detail::budget_access;
     permit(keyed_semaphore& s, node_type* n, detail::clock::time_point since) noexcept
         : sem_(&s), node_(n), since_(since) {}
     keyed_semaphore* sem_ = nullptr;
@@ -228,6 +233,7 @@ class keyed_semaphore {
   }
 
  private:
+  friend struct detail::budget_access;
   static constexpr const char* name = "sluice::keyed_semaphore";
 
   keyed_semaphore(asio::any_io_executor ex, std::size_t per_key, Hash hash, KeyEqual eq, int)

@@ -16,6 +16,10 @@
 
 namespace sluice {
 
+namespace detail {
+struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
+}  // namespace detail
+
 /// A loop-affine counting semaphore for coroutines: caps how many holders run
 /// at once, with FIFO hand-off and cancellation that never loses a permit.
 ///
@@ -156,6 +160,7 @@ class semaphore {
 
  private:
   friend permit;
+  friend struct detail::budget_access;
   void release_held(detail::clock::time_point since) {
     core_.record_hold(since);
     release();

@@ -15,6 +15,10 @@
 
 namespace sluice {
 
+namespace detail {
+struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
+}  // namespace detail
+
 /// A counting semaphore that coroutines on any number of threads and
 /// `io_context`s share: a process-wide cap (8 requests in flight across 4
 /// worker threads), where a `sluice::semaphore` per loop would multiply the cap
@@ -146,6 +150,7 @@ class shared_semaphore {
 
  private:
   friend permit;
+  friend struct detail::budget_access;
   void release_held(detail::clock::time_point since) {
     auto& sink = core_.stats_sink();
     sink.end_hold(since);

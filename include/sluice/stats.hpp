@@ -59,8 +59,11 @@ struct duration_stats {
 ///   their latency anyway). A bare `acquire()` / `release()` pair is counted
 ///   in `acquired` but has no hold time: the release cannot tell whose permit
 ///   it returns.
-/// - Rate limiters have no hold (a start is not held); their `in_use` is the
-///   units the window or bucket holds now (see each type's `stats()`).
+/// - `in_use` means units taken and not yet back, for every limit: permits
+///   held; for a `rate_limiter`, starts still in its window; for a
+///   `token_bucket`, tokens taken and not refilled yet (`burst() - tokens()`
+///   rounded up: not the tokens available, which are `limit - in_use`).
+///   Rate limiters have no hold (a start is not held).
 ///
 /// @code
 /// sluice::semaphore backend{5};

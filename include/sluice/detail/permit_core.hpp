@@ -177,6 +177,8 @@ class permit_core {
   // Counts into `sink` instead of this core's own (keyed_semaphore: one sink
   // for every key). Before any use.
   void share_stats(stats_sink& sink) noexcept { stats_ = &sink; }
+  // A grant of try_acquire() given back untouched (acquire_all): uncounted.
+  void ungrant() noexcept { stats_->ungrant(); }
   [[nodiscard]] sluice::stats stats() const noexcept {
     return stats_->read(waiters_.size(), in_use(), bound_);
   }

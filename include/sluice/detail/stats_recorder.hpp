@@ -217,6 +217,11 @@ class stats_sink {
   void end_hold(clock::time_point since) noexcept {
     if (since != untimed) record_hold(clock.now() - since);
   }
+  // A grant that did not wait was given back untouched (acquire_all took it
+  // and another budget was not free): it is not counted.
+  void ungrant() noexcept {
+    if (acquired > 0) --acquired;
+  }
 
   [[nodiscard]] sluice::stats read(std::size_t waiting, std::size_t in_use,
                                    std::size_t limit) const noexcept {
@@ -298,6 +303,7 @@ class shared_stats_sink {
   void end_hold(clock::time_point since) noexcept {
     if (since != untimed) record_hold(now() - since);
   }
+  void ungrant() noexcept { acquired.fetch_sub(1, std::memory_order_relaxed); }
 
   [[nodiscard]] sluice::stats read(std::size_t waiting, std::size_t in_use,
                                    std::size_t limit) const noexcept {
