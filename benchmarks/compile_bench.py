@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSL-1.0
 """make compile-bench: what sluice costs at every compile, as ratios to Asio alone.
 
-  python3 benchmarks/compile_bench.py [--compilers g++,clang++] [--opts -O0,-O2]
+  python3 benchmarks/compile_bench.py [--compilers g++,clang++] [--opts=-O0,-O2]
                                       [--rounds 3] [--include DIR] [--against DIR]
                                       [--json FILE] [--check]
 
