@@ -39,16 +39,30 @@
 // Limits that protect a provider: per key, fair shares between keys, per time window,
 // deduplication, retries, adaptive, several budgets at once
 #include <sluice/acquire_all.hpp>
+#include <sluice/adaptive_algorithms.hpp>
 #include <sluice/adaptive_limit.hpp>
 #include <sluice/fair_semaphore.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/retry.hpp>
+#include <sluice/retry_budget.hpp>
+#include <sluice/retryable.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/token_bucket.hpp>
 
-// Operating it: what every limit has done and is doing
+// Call policies: the layers around a provider call, composed in one value
+#include <sluice/breaker.hpp>
+#include <sluice/hedge.hpp>
+#include <sluice/limits.hpp>
+#include <sluice/overloaded_error.hpp>
+#include <sluice/policy.hpp>
+#include <sluice/retry_layer.hpp>
+#include <sluice/shed.hpp>
+#include <sluice/timeout_layer.hpp>
+
+// Operating it: what every limit has done and is doing, and its Prometheus text
+#include <sluice/prometheus.hpp>
 #include <sluice/stats.hpp>
 
 // Time, timeouts and deadlines

@@ -4,6 +4,8 @@
 
 #include <sluice/config.hpp>
 #include <sluice/retry.hpp>
+#include <sluice/testing/call_models.hpp>
+#include <sluice/testing/quota.hpp>
 #include <sluice/time.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -11,126 +13,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <cstdint>
-#include <deque>
-#include <functional>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 namespace sluice::testing {
-
-/// What a latency or failure model sees of one call. `key` and `op` are
-/// `std::string_view`s of the caller's arguments, valid while the model runs:
-/// copy them (`std::string(info.key)`) to keep them.
-struct call_info {
-  std::size_t index;       ///< 0-based, in order of arrival
-  std::string_view key;    ///< the caller's key ("" if none); a view, see above
-  std::string_view op;     ///< the caller's operation name ("" if none); a view
-  std::size_t tokens = 1;  ///< the call's weight against `quota::tokens_per_window`
-};
-
-/// Per-call latency: any function of the call, returning a
-/// `std::chrono::nanoseconds`, which is `sluice::clock::duration` (any
-/// `std::chrono` duration that converts exactly, `1s` or `120ms`, will do).
-using latency_model = std::function<std::chrono::nanoseconds(const call_info&)>;
-/// Per-call failure: true makes the call throw `service_error` after its latency.
-using failure_model = std::function<bool(const call_info&)>;
-
-/// Latency models.
-namespace latency {
-/// Every call takes `d`.
-inline latency_model fixed(std::chrono::nanoseconds d) {
-  return [d](const call_info&) {
-    return d;
-  };
-}
-/// Uniform in [lo, hi] in whole milliseconds, drawn from (seed, call index).
-inline latency_model uniform(std::chrono::nanoseconds lo, std::chrono::nanoseconds hi,
-                             std::uint64_t seed = 1) {
-  if (hi < lo) throw std::invalid_argument("sluice::testing::latency::uniform: hi < lo");
-  const auto lo_ms = std::chrono::ceil<std::chrono::milliseconds>(lo).count();
-  const auto span = std::chrono::floor<std::chrono::milliseconds>(hi).count() - lo_ms + 1;
-  return [=](const call_info& c) -> std::chrono::nanoseconds {
-    const auto r =
-        sluice::detail::mix(seed * 0x100000001b3ULL ^ c.index) % static_cast<std::uint64_t>(span);
-    return std::chrono::milliseconds(lo_ms + static_cast<std::int64_t>(r));
-  };
-}
-/// Call i takes `list[i % list.size()]`.
-inline latency_model sequence(std::vector<std::chrono::nanoseconds> list) {
-  if (list.empty()) throw std::invalid_argument("sluice::testing::latency::sequence: empty list");
-  return [l = std::move(list)](const call_info& c) {
-    return l[c.index % l.size()];
-  };
-}
-/// Any function of the call (key, op, index).
-inline latency_model from(latency_model f) {
-  return f;
-}
-}  // namespace latency
-
-/// Failure models.
-namespace failures {
-/// No call fails.
-inline failure_model none() {
-  return {};
-}
-/// The calls with these 0-based indices fail.
-inline failure_model at_calls(std::vector<std::size_t> indices) {
-  return [s = std::unordered_set<std::size_t>(indices.begin(), indices.end())](const call_info& c) {
-    return s.count(c.index) != 0;
-  };
-}
-/// Every call for one of these keys fails.
-inline failure_model for_keys(std::vector<std::string> keys) {
-  return [s = std::unordered_set<std::string>(keys.begin(), keys.end())](const call_info& c) {
-    return s.count(std::string(c.key)) != 0;
-  };
-}
-/// Each call fails with probability `p`, drawn from (seed, call index).
-inline failure_model probability(double p, std::uint64_t seed = 1) {
-  if (!(p >= 0.0 && p <= 1.0))
-    throw std::invalid_argument("sluice::testing::failures::probability: p must be in [0, 1]");
-  return [=](const call_info& c) {
-    return static_cast<double>(sluice::detail::mix(seed ^ (c.index * 0x9e3779b97f4a7c15ULL)) >>
-                               11) *
-               0x1.0p-53 <
-           p;
-  };
-}
-}  // namespace failures
-
-/// The provider's limit; a call over it is answered at once with `throttled_error`.
-/// As `slow_service::options::quota` it counts every call; as
-/// `slow_service::options::key_quota` it applies to each key separately.
-/// Windows are sliding: a start counts in (t - window, t].
-struct quota {
-  std::size_t max_in_flight = 0;  ///< more than this many in flight is throttled (0: no limit)
-  std::size_t calls_per_window =
-      0;  ///< more than this many starts per `window` is throttled (0: no limit)
-  /// The window `calls_per_window` and `tokens_per_window` count in.
-  std::chrono::nanoseconds window{std::chrono::seconds(1)};
-  /// A weighted quota (an LLM's tokens per minute): a call's `tokens` (the
-  /// third argument of `call`) added to those of the calls admitted in the
-  /// window may not exceed this (0: no limit). A call heavier than the whole
-  /// quota fails with `service_error` (it could never be admitted).
-  std::size_t tokens_per_window = 0;
-};
-
-/// One step of the provider's capacity schedule: from `at` (since the
-/// service's origin) on, a call that would make more than `max_in_flight` calls
-/// in flight is throttled.
-struct capacity_step {
-  std::chrono::nanoseconds at;  ///< when this capacity starts (0 for the first step)
-  std::size_t max_in_flight;    ///< calls the provider serves at once from then on (>= 1)
-};
 
 /// An injected failure of a `slow_service` call.
 class service_error : public std::runtime_error {
@@ -266,7 +157,8 @@ class slow_service {
 
     key_stats* ks = key.empty() ? nullptr : &keys_[key];
     if (ks) ++ks->calls;
-    if (too_heavy(opt_.quota, tokens) || (ks && too_heavy(opt_.key_quota, tokens))) {
+    if (window_state::too_heavy(opt_.quota, tokens) ||
+        (ks && window_state::too_heavy(opt_.key_quota, tokens))) {
       ++failures_;
       finish(index, t0, call_result::failed);
       throw service_error("slow_service: call #" + std::to_string(index) + describe(key) +
@@ -275,11 +167,13 @@ class slow_service {
     }
     const std::size_t capacity = capacity_at(t0 - origin_);
     const bool over_capacity = capacity != 0 && global_.in_flight >= capacity;
-    auto over_global = throttled(opt_.quota, global_, t0, tokens);
+    auto over_global = global_.throttled(opt_.quota, t0, tokens, scaled_window(opt_.quota));
     if (over_capacity)  // hint: when the first call in flight ends
       over_global =
           std::max(over_global.value_or(clock::duration::zero()), *global_.ends.begin() - t0);
-    const auto over_key = ks ? throttled(opt_.key_quota, *ks, t0, tokens) : std::nullopt;
+    const auto over_key =
+        ks ? ks->throttled(opt_.key_quota, t0, tokens, scaled_window(opt_.key_quota))
+           : std::nullopt;
     if (over_global || over_key) {
       ++throttles_;
       if (ks) ++ks->throttles;
@@ -302,13 +196,14 @@ class slow_service {
         factor *= 1.0 + opt_.load_latency * static_cast<double>(global_.in_flight) /
                             static_cast<double>(c);
       }
-      scaled = std::chrono::duration_cast<clock::duration>(opt_.latency(info) * factor);
+      scaled = sluice::detail::saturate(opt_.latency(info) * factor);
     } catch (...) {
       finish(index, t0, call_result::failed);
       throw;
     }
-    const auto end = admit(global_, opt_.quota, t0, t0 + scaled, tokens);
-    const auto key_end = ks ? admit(*ks, opt_.key_quota, t0, t0 + scaled, tokens) : decltype(end){};
+    const auto until = sluice::detail::add_saturating(t0, scaled);  // max(): never answers
+    const auto end = global_.admit(opt_.quota, t0, until, tokens);
+    const auto key_end = ks ? ks->admit(opt_.key_quota, t0, until, tokens) : decltype(end){};
     enter(key);
     struct ended {  // the call leaves the in-flight ends on every way out
       window_state& g;
@@ -320,7 +215,7 @@ class slow_service {
       }
     } on_exit{global_, ks, end, key_end};
     try {
-      co_await sluice::detail::wait_until(ex, vclock, t0 + scaled);
+      co_await sluice::detail::wait_until(ex, vclock, until);
     } catch (...) {
       leave(key);
       ++cancellations_;
@@ -390,14 +285,8 @@ class slow_service {
   [[nodiscard]] double time_scale() const noexcept { return opt_.time_scale; }
 
  private:
-  // What a quota counts: admitted starts and tokens in the window (expired
-  // ones dropped lazily), and the scheduled ends of the calls in flight.
-  struct window_state {
-    std::size_t in_flight = 0;
-    std::deque<std::pair<clock::time_point, std::size_t>> starts;  // (start, tokens)
-    std::size_t tokens = 0;                                        // sum over `starts`
-    std::multiset<clock::time_point> ends;
-  };
+  // What a quota counts, with a key's statistics beside it.
+  using window_state = sluice::detail::quota_window;
   struct key_stats : window_state {
     std::size_t calls = 0, throttles = 0, max_in_flight = 0, collisions = 0;
   };
@@ -412,59 +301,8 @@ class slow_service {
     return it == keys_.end() ? empty : it->second;
   }
 
-  [[nodiscard]] static bool too_heavy(const quota& q, std::size_t tokens) noexcept {
-    return q.tokens_per_window != 0 && tokens > q.tokens_per_window;
-  }
-
   [[nodiscard]] clock::duration scaled_window(const quota& q) const {
     return std::chrono::duration_cast<clock::duration>(q.window * opt_.time_scale);
-  }
-
-  // If a call of `tokens` at `t` breaks `q`: the time until it would not
-  // (the Retry-After hint); nullopt if it is admitted. Drops expired starts.
-  std::optional<clock::duration> throttled(const quota& q, window_state& w, clock::time_point t,
-                                           std::size_t tokens) const {
-    std::optional<clock::duration> wait;
-    const auto longer = [&wait](clock::duration d) {
-      wait = std::max(wait.value_or(clock::duration::zero()), d);
-    };
-    if (q.max_in_flight && w.in_flight >= q.max_in_flight)
-      longer(*w.ends.begin() - t);  // the first call in flight ends
-    if (!q.calls_per_window && !q.tokens_per_window) {
-      w.starts.clear();
-      w.tokens = 0;
-      return wait;
-    }
-    const auto window = scaled_window(q);
-    while (!w.starts.empty() && w.starts.front().first <= t - window) {
-      w.tokens -= w.starts.front().second;
-      w.starts.pop_front();
-    }
-    if (q.calls_per_window && w.starts.size() >= q.calls_per_window)
-      longer(w.starts[w.starts.size() - q.calls_per_window].first + window - t);
-    if (q.tokens_per_window && w.tokens + tokens > q.tokens_per_window) {
-      std::size_t freed = 0;  // tokens that leave the window, oldest first
-      for (const auto& [at, n] : w.starts) {
-        freed += n;
-        if (w.tokens - freed + tokens <= q.tokens_per_window) {
-          longer(at + window - t);
-          break;
-        }
-      }
-    }
-    return wait;
-  }
-
-  // Counts an admitted call ending at `end` against the quota `q` kept in `w`.
-  static std::multiset<clock::time_point>::iterator admit(window_state& w, const quota& q,
-                                                          clock::time_point t,
-                                                          clock::time_point end,
-                                                          std::size_t tokens) {
-    if (q.calls_per_window || q.tokens_per_window) {
-      w.starts.emplace_back(t, tokens);
-      w.tokens += tokens;
-    }
-    return w.ends.insert(end);
   }
 
   void enter(const std::string& key) {

@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_DETAIL_STREAM_WORKERS_HPP
+#define SLUICE_DETAIL_STREAM_WORKERS_HPP
+
+#include <sluice/config.hpp>
+#include <sluice/detail/child_set.hpp>
+#include <sluice/detail/completion.hpp>
+
+#include <sluice/detail/asio.hpp>
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <utility>
+
+namespace sluice::detail {
+
+// The worker side of one sluice::stream: its slots, and the workers (see
+// map_unordered.hpp) that fill them, park and are woken. stream_core (the
+// consumer side: next(), the sink, the results) derives from it; the two
+// share one object and one loop.
+//
+// Slots: used_ counts inputs taken and not yet given back: tasks being pulled
+// or running, and finished results in the buffer (unread). next() gives a slot
+// back the moment it hands a result out, so the next input starts while the
+// consumer works on that result. A worker takes a slot before it pulls;
+// used_ <= limit_ always, which is the stream's backpressure.
+//
+// Workers: at most limit_ are ever spawned (spawned_); live_ of them have not
+// left their loop yet. A worker that finds no slot (or another worker pulling
+// an async source: pulling_) parks in parked_. kick() wakes or spawns one
+// worker when a slot is free and nobody is on the way to take it (waking_ == 0);
+// the woken worker kicks again after its pull, so free slots fill in a chain of
+// posts and a worker that runs short tasks inline fills them all by itself.
+// A wake is a post that looks again when it runs (wake_one()): a worker with
+// no slot by then stays parked. The post that resumes a waiting consumer
+// (stream_core::resume_consumer()) also serves the slots it frees: kicks are
+// deferred while the consumer runs there (run_deferring_kicks()), and parked
+// workers resume in that post right after it suspends (resume_parked()), so a
+// burst of results costs one post, not one per worker.
+template <class Executor>
+class stream_workers {
+ public:
+  [[nodiscard]] std::size_t running() const noexcept { return running_; }
+  // True while a task runs or an input is being pulled: what may still touch
+  // the consumer's state (a parked worker touches nothing when it wakes).
+  [[nodiscard]] bool busy() const noexcept { return running_ != 0 || pulling_; }
+
+ protected:
+  explicit stream_workers(std::size_t limit)
+      : limit_(limit), children_(std::make_shared<child_set>()) {}
+  stream_workers(const stream_workers&) = delete;
+  stream_workers& operator=(const stream_workers&) = delete;
+  ~stream_workers() = default;
+
+  // Starts one more worker on ex_ (it must call worker_started() first).
+  virtual void spawn_worker() = 0;
+
+  // ---- worker side ---------------------------------------------------------
+
+  void worker_started() { --waking_; }
+
+  // True if this worker may take a slot and pull now; otherwise it parks.
+  [[nodiscard]] bool may_pull() const noexcept { return has_free_slot() && !pulling_; }
+  [[nodiscard]] bool has_free_slot() const noexcept { return used_ < limit_; }
+  [[nodiscard]] bool ending() const noexcept { return ending_; }
+
+  // Waits until kick() or a stop wakes this worker. No cancellation handler:
+  // every stop wakes all parked workers itself.
+  auto park() {
+    return asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
+        [this](auto handler) { parked_.emplace_back(std::move(handler), *ex_); },
+        asio::use_awaitable_t<Executor>{});
+  }
+  void unparked() { --waking_; }
+
+  void take_slot() { ++used_; }
+  // kick = false when the caller is about to stop or end the stream anyway.
+  [[gnu::always_inline]] void give_back_slot(bool kick_next = true) {
+    --used_;
+    if (kick_next) kick();
+  }
+  void begin_pull() { pulling_ = true; }
+  void end_pull() { pulling_ = false; }
+  void input_exhausted() {
+    exhausted_ = true;
+    ending_ = true;
+    kick();
+  }
+  void task_started() { ++running_; }
+  void task_ended() { --running_; }
+
+  // Sends one worker to a free slot if nobody is on the way to it already.
+  // Called once per task by a worker and once per result by the consumer:
+  // the common case (someone is on the way, or no slot is free) returns
+  // inline.
+  [[gnu::always_inline]] void kick() {
+    if (!ending() && (waking_ != 0 || !may_pull() || !started_)) return;
+    kick_slow();
+  }
+  [[gnu::noinline]] void kick_slow() {
+    if (ending()) {
+      wake_all();
+      return;
+    }
+    if (!started_ || !may_pull() || waking_ != 0) return;
+    if (!parked_.empty()) {
+      if (deferring_kicks_) {
+        ++waking_;  // on the way: resume_consumer() wakes it, without a post
+        kick_deferred_ = true;
+        return;
+      }
+      wake_one();
+    } else if (spawned_ < limit_) {
+      spawn();
+    }
+  }
+
+  // True for the one worker still in its loop (about to leave).
+  [[nodiscard]] bool last_worker() const noexcept { return live_ == 1; }
+
+  std::shared_ptr<child_set>& children() noexcept { return children_; }
+  const Executor& executor() const noexcept { return *ex_; }
+
+  // ---- for the consumer side -----------------------------------------------
+
+  void spawn() {
+    ++spawned_;
+    ++waking_;
+    ++live_;
+    spawn_worker();
+  }
+
+  bool finished() const noexcept { return ending() && live_ == 0; }
+
+  // What asio::post(*ex_, f) does, with the executor it makes for every post
+  // (never blocking, a fork, the default allocator) made once, at the start:
+  // one post per wave of results (or per wake) without a require and a
+  // prefer of a type-erased executor each time. An executor of the older
+  // Networking TS model goes through asio::post.
+  static auto post_executor_for(const Executor& ex) {
+    if constexpr (asio::execution::is_executor<Executor>::value) {
+      return asio::prefer(asio::require(ex, asio::execution::blocking.never),
+                          asio::execution::relationship.fork,
+                          asio::execution::allocator(std::allocator<void>()));
+    } else {
+      return ex;
+    }
+  }
+  template <class F>
+  void post(F&& f) {
+    if constexpr (asio::execution::is_executor<Executor>::value) {
+      post_ex_->execute(std::forward<F>(f));
+    } else {
+      asio::post(*ex_, std::forward<F>(f));
+    }
+  }
+
+  // Wakes the first parked worker through a post that looks again when it
+  // runs: if no slot is free by then (the worker that kicked has filled them
+  // all itself, as one running short tasks inline does), the worker stays
+  // parked and is not resumed (no new park for it); otherwise it resumes
+  // there, the post having been the hop to its executor.
+  void wake_one() {
+    ++waking_;
+    auto h = std::move(parked_.front());
+    parked_.pop_front();
+    // `this` outlives the post: the handler owns the worker, which holds the core.
+    post([this, h = std::move(h)]() mutable {
+      if (!ending() && !may_pull()) {
+        --waking_;
+        parked_.push_front(std::move(h));
+        return;
+      }
+      h.complete_here();
+    });
+  }
+
+  void wake_all() {
+    while (!parked_.empty()) {
+      ++waking_;
+      auto h = std::move(parked_.front());
+      parked_.pop_front();
+      h.complete();
+    }
+  }
+
+  // Runs `h` here with the kicks deferred; true if one was. Nests: a run
+  // inside another (a worker resumed by release_taken() inside
+  // resume_parked()) leaves the outer run deferring.
+  template <class Handler, class... A>
+  bool run_deferring_kicks(Handler& h, A... a) {
+    const bool outer = std::exchange(deferring_kicks_, true);
+    try {
+      h.complete_here(a...);
+    } catch (...) {
+      // A handler that throws out of the loop: the deferred wake goes by a
+      // post of its own, so the stream does not stall if the loop runs on.
+      deferring_kicks_ = outer;
+      if (!outer && std::exchange(kick_deferred_, false)) {
+        --waking_;
+        kick();
+      }
+      throw;
+    }
+    deferring_kicks_ = outer;
+    return std::exchange(kick_deferred_, false);
+  }
+
+  // The deferred kick (counted in waking_): resumes parked workers here, one
+  // after the other, for as long as slots are free, each running until it
+  // suspends (its task does) or parks. Their own kicks are deferred to this
+  // loop, so a wave of freed slots costs the one post that resumed the
+  // consumer instead of one post per worker.
+  void resume_parked() {
+    for (;;) {
+      if (ending() || !may_pull() || parked_.empty()) {
+        --waking_;
+        kick();
+        return;
+      }
+      auto h = std::move(parked_.front());
+      parked_.pop_front();
+      if (!run_deferring_kicks(h)) return;  // it took the wake (unparked())
+    }
+  }
+
+  const std::size_t limit_;
+  std::shared_ptr<child_set> children_;
+  std::optional<Executor> ex_;
+  std::optional<decltype(post_executor_for(std::declval<const Executor&>()))> post_ex_;  // post()'s
+  std::deque<erased_handler<>> parked_;
+  std::size_t used_ = 0;
+  std::size_t running_ = 0;
+  std::size_t spawned_ = 0;
+  std::size_t live_ = 0;
+  std::size_t waking_ = 0;
+  bool started_ = false;
+  bool pulling_ = false;
+  bool exhausted_ = false;
+  bool stopping_ = false;
+  bool ending_ = false;           // exhausted_ || stopping_: no input will be pulled any more
+  bool deferring_kicks_ = false;  // inside resume_consumer()'s post
+  bool kick_deferred_ = false;    // a kick deferred until it returns
+};
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_STREAM_WORKERS_HPP
