@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 #include <examples/support/fair_share_scenario.hpp>
+#include <support/spawned.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -136,6 +137,29 @@ TEST_CASE("a cancelled waiter holds nothing and its key's turn passes on", "[fai
   CHECK(sem.value() == 1);
   CHECK(sem.stats("a").waiting == 0);
   CHECK(sem.stats("a").in_use == 0);
+}
+
+TEST_CASE("a caller cancelled before it called is refused even when a permit is free",
+          "[fair_semaphore]") {
+  sluice_test::tasks_on_loop h;
+  sluice::fair_semaphore<std::string> sem{1};
+  bool got = false;
+  auto& t = h.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    try {
+      co_await sluice::sleep(1h);  // cancelled here...
+    } catch (const sluice::system_error&) {
+    }
+    auto p = co_await sem.scoped_acquire("k");  // ...then calls, throw_if_cancelled off
+    got = true;
+  });
+  h.poll();
+  t.cancel();
+  h.poll();
+  CHECK(t.cancelled());
+  CHECK(!got);
+  CHECK(sem.value() == 1);
+  CHECK(sem.stats("k").in_use == 0);
 }
 
 TEST_CASE("a fair semaphore rejects bad input with clear errors", "[fair_semaphore]") {
