@@ -26,6 +26,9 @@
 #                of docs/performance.md and README.md, and report.json + the ns/task plot rebuilt from every
 #                JSON in build/bench (`make bench-docs` afterwards puts the plot in docs/).
 #                Not in CI (it installs toolchains).
+#   make compile-bench  what sluice costs at every compile: benchmarks/compile/'s TUs with g++ and
+#                clang++ at -O0 and -O2, CPU-time medians of 3, as ratios to the Asio-only TUs
+#                (benchmarks/compile_bench.py; COMPILE_BENCH_ARGS=--check fails on a missed target)
 #   make adaptive-docs  the adaptive_limit table and plot (examples/adaptive_limits, virtual
 #                time, exact): build/adaptive/table.md, docs/adaptive_limit.{png,svg}
 #   make docs    README.md, docs/*.md and the API reference (Doxygen) as one site under
@@ -53,9 +56,9 @@ ASAN_ENV   = ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 UBSAN_O
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
 # Every test that starts a thread (ThreadSanitizer sees nothing in a test that has one).
-TSAN_TESTS = to_thread shared_semaphore affinity strand_bound strand_bound_review stats keyed_semaphore rate_limiter asyncio_guide docs_snippets
+TSAN_TESTS = to_thread shared_semaphore affinity strand_bound strand_bound_review acquire_all stats keyed_semaphore rate_limiter asyncio_guide docs_snippets
 
-.PHONY: bench-peers deps demo fleet-demo test test-gcc test-clang test-plain test-clang-asio test-boost asan tsan bench bench-docs bench-boost adaptive-docs docs fuzz fuzz-ci fuzz-build clean
+.PHONY: bench-peers compile-bench deps demo fleet-demo test test-gcc test-clang test-plain test-clang-asio test-boost asan tsan bench bench-docs bench-boost adaptive-docs docs fuzz fuzz-ci fuzz-build clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -129,6 +132,9 @@ bench-peers: deps
 	cmake --build build/bench-boost -j$(JOBS) --target sluice_peer
 	$(PYTHON) benchmarks/peers.py --build build/bench --boost-build build/bench-boost --out build/bench --page docs/performance.md --readme README.md $(PEERS_ARGS)
 	$(PYTHON) benchmarks/report.py --no-run --out build/bench >/dev/null
+
+compile-bench: deps
+	$(PYTHON) benchmarks/compile_bench.py $(COMPILE_BENCH_ARGS)
 
 adaptive-docs: deps
 	$(call configure,adaptive,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSL-1.0
 // sluice::acquire_all: DESIGN.md "Providers that push back", semantics 3.
-// Every timing is exact, in virtual time.
+// Every timing is exact, in virtual time; the server-shape cases on real
+// threads assert counts only.
 #include <sluice/acquire_all.hpp>
 
 #include <sluice/adaptive_limit.hpp>
@@ -9,6 +10,8 @@
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/semaphore.hpp>
+#include <sluice/shared_semaphore.hpp>
+#include <sluice/strand_bound.hpp>
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
@@ -20,11 +23,16 @@
 #include <support/spawned.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -379,4 +387,223 @@ TEST_CASE("an adaptive_limit is a budget; its permit reports the call's outcome"
   CHECK(svc.max_in_flight() == 2);
   CHECK(cap.successes() == 6);
   CHECK(cap.in_flight() == 0);
+}
+
+TEST_CASE("a call cancelled after the older call it waited behind left takes nothing",
+          "[acquire_all]") {
+  // B waits behind A (both name `sem`). A is granted and leaves; A's caller
+  // releases at once and cancels B before B resumes: B must not take the
+  // permit and the RPM start it no longer wants.
+  sluice::semaphore sem{1};
+  sluice::rate_limiter rpm{1, 1min};
+  tasks_on_loop t;
+  sluice_test::task* b = nullptr;
+  auto& holder = t.spawn([&]() -> asio::awaitable<void> {
+    auto p = co_await sem.scoped_acquire();
+    co_await sluice::sleep(5s);
+  });
+  auto& a = t.spawn([&]() -> asio::awaitable<void> {
+    auto held = co_await sluice::acquire_all(sem);
+    held.release();
+    b->cancel();  // B's wake-up is posted, B has not resumed
+  });
+  b = &t.spawn(
+      [&]() -> asio::awaitable<void> { auto held = co_await sluice::acquire_all(sem, rpm); });
+  t.loop.run_for(10s);
+  CHECK(holder.succeeded());
+  CHECK(a.succeeded());
+  CHECK(b->cancelled());
+  CHECK(sem.value() == 1);
+  CHECK(sem.stats().acquired == 2);  // the holder's and A's
+  CHECK(rpm.try_acquire());          // B recorded no start
+}
+
+TEST_CASE("a budget taken and given back without a wait is not counted", "[acquire_all]") {
+  // The permit and the place are free at 0 s, the RPM start is not: the call
+  // takes them, gives them back, waits for the start (60 s), takes them again.
+  sluice::semaphore sem{1};
+  sluice::adaptive_limit cap{{.initial = 2, .min = 1, .max = 2}};
+  sluice::keyed_semaphore<std::string> accounts{1};
+  sluice::rate_limiter rpm{1, 1min};
+  virtual_loop loop;
+  ns granted{-1};
+  loop.run([&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    co_await rpm.acquire();
+    auto held =
+        co_await sluice::acquire_all(sem, cap, sluice::for_key(accounts, std::string("a")), rpm);
+    granted = now_of(ex);
+    held.get<1>().succeeded();
+  });
+  CHECK(granted == 60s);
+  CHECK(sem.stats().acquired == 1);
+  CHECK(cap.stats().acquired == 1);
+  CHECK(cap.stats().hold.count == 1);
+  CHECK(cap.successes() == 1);
+  CHECK(accounts.stats().acquired == 1);
+  CHECK(rpm.stats().acquired == 2);
+}
+
+TEST_CASE("shared_semaphore and strand_bound budgets: all or none, FIFO, exact in virtual time",
+          "[acquire_all]") {
+  virtual_loop loop;
+  sluice::shared_semaphore cap{1};
+  sluice::strand_bound<sluice::rate_limiter> tpm{asio::make_strand(loop.get_executor()), 100, 1min};
+  sluice::strand_bound<sluice::semaphore> other{asio::make_strand(loop.get_executor()), 1};
+  std::vector<std::pair<std::string, ns>> order;
+  bool direct_free_at_10s = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    auto take = [&](std::string who, ns at, std::size_t n, ns hold) -> asio::awaitable<void> {
+      co_await sluice::sleep(at);
+      auto held = co_await sluice::acquire_all(cap, tpm.weighted(n));
+      order.emplace_back(who, now_of(ex));
+      co_await sluice::sleep(hold);
+    };
+    auto disjoint = [&]() -> asio::awaitable<void> {
+      co_await sluice::sleep(3s);
+      auto held = co_await sluice::acquire_all(other);
+      order.emplace_back("D", now_of(ex));
+    };
+    auto probe = [&]() -> asio::awaitable<void> {
+      co_await sluice::sleep(10s);  // B waits for the permit: it took no tokens
+      direct_free_at_10s = co_await tpm.try_acquire(20);
+    };
+    std::vector<asio::awaitable<void>> v;
+    v.push_back(take("A", 0s, 60, 20s));  // the permit until 20 s, 60 tokens until 60 s
+    v.push_back(take("B", 1s, 20, 0s));   // waits for the permit (20 s)
+    v.push_back(take("C", 2s, 10, 0s));   // behind B, though it names the same budgets
+    v.push_back(disjoint());              // another budget: not held back
+    v.push_back(probe());                 // 20 of the 40 free tokens
+    co_await sluice::gather(std::move(v));
+  });
+  CHECK(direct_free_at_10s);
+  // B at 20 s (the permit; 60 + 20 + 20 tokens fit), C then (its 10 do not
+  // fit until A's 60 leave at 60 s).
+  CHECK(order ==
+        std::vector<std::pair<std::string, ns>>{{"A", 0s}, {"D", 3s}, {"B", 20s}, {"C", 60s}});
+  CHECK(cap.value() == 1);
+  CHECK(cap.stats().acquired == 3);
+}
+
+TEST_CASE("a caller cancelled before it calls takes nothing from budgets of any kind",
+          "[acquire_all]") {
+  tasks_on_loop t;
+  sluice::shared_semaphore cap{1};
+  sluice::strand_bound<sluice::semaphore> sem{asio::make_strand(t.loop.get_executor()), 0};
+  sluice::strand_bound<sluice::rate_limiter> rpm{asio::make_strand(t.loop.get_executor()), 1, 1min};
+  std::vector<std::string> how;
+  auto& early = t.spawn([&]() -> asio::awaitable<void> {
+    try {
+      co_await sluice::sleep(1s);
+    } catch (const sluice::system_error&) {
+    }
+    co_await asio::this_coro::throw_if_cancelled(false);
+    for (int i = 0; i < 2; ++i) {
+      try {
+        if (i == 0) {
+          auto held = co_await sluice::acquire_all(cap, rpm);
+        } else {
+          co_await sem.acquire();  // no place free: it would wait
+        }
+        how.push_back("ok");
+      } catch (const sluice::system_error& e) {
+        how.push_back(e.code() == asio::error::operation_aborted ? "aborted" : e.what());
+      }
+    }
+  });
+  t.poll();
+  early.cancel();
+  t.loop.run_for(2s);
+  CHECK(early.succeeded());
+  CHECK(how == std::vector<std::string>{"aborted", "aborted"});
+  CHECK(cap.value() == 1);
+  CHECK(rpm.underlying().try_acquire());
+  CHECK(sem.underlying().waiters() == 0);
+}
+
+namespace {
+
+void raise_to(std::atomic<int>& max, int v) {
+  int m = max.load();
+  while (v > m && !max.compare_exchange_weak(m, v)) {
+  }
+}
+
+// What the server-shape sessions count outside the library.
+struct counts {
+  std::atomic<int> in_cap{0}, in_pool{0}, max_cap{0}, max_pool{0}, done{0};
+};
+
+// One session, on its own strand, with a loop-affine semaphore `own` of that
+// strand, sharing `cap`, `pool` and `bucket` with every other session.
+asio::awaitable<void> session(sluice::shared_semaphore& cap,
+                              sluice::strand_bound<sluice::semaphore>& pool,
+                              sluice::strand_bound<sluice::token_bucket>& bucket, counts& c,
+                              std::shared_ptr<sluice::semaphore> own, int s, int rounds) {
+  for (int r = 0; r < rounds; ++r) {
+    const bool with_pool = (s + r) % 2 == 0;
+    auto body = [&](auto& held) -> asio::awaitable<void> {
+      raise_to(c.max_cap, ++c.in_cap);
+      if (with_pool) raise_to(c.max_pool, ++c.in_pool);
+      co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+      if (with_pool) --c.in_pool;
+      --c.in_cap;
+      held.release();
+    };
+    if (with_pool) {
+      auto held = co_await sluice::acquire_all(*own, cap, pool, bucket.weighted(3));
+      co_await body(held);
+    } else {
+      auto held = co_await sluice::acquire_all(cap, *own, bucket);
+      co_await body(held);
+    }
+    ++c.done;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sessions on 4 threads mix their own budgets with shared ones: never over a cap",
+          "[acquire_all][threads]") {
+  // The server shape: one io_context run by 4 threads, each session on a
+  // strand of its own with a loop-affine semaphore on that strand, all
+  // sessions sharing a shared_semaphore, a strand_bound semaphore and a
+  // strand_bound token bucket. Holders are counted outside the library.
+  constexpr int sessions = 16, rounds = 25;
+  asio::io_context ctx;
+  counts c;
+  std::atomic<int> failures{0};
+  std::mutex mu;
+  std::string first_error;
+  // clang-format off
+sluice::shared_semaphore cap{3};                                           // any thread
+sluice::strand_bound<sluice::semaphore> pool{asio::make_strand(ctx), 2};   // any strand
+sluice::strand_bound<sluice::token_bucket> bucket{asio::make_strand(ctx), 1e6, 1000};
+  // clang-format on
+  for (int s = 0; s < sessions; ++s) {
+    auto strand = asio::make_strand(ctx);
+    auto own = std::make_shared<sluice::semaphore>(strand, 1);
+    asio::co_spawn(strand, session(cap, pool, bucket, c, own, s, rounds),
+                   [&](std::exception_ptr e) {
+                     if (!e) return;
+                     ++failures;
+                     std::lock_guard<std::mutex> lock(mu);
+                     try {
+                       std::rethrow_exception(e);
+                     } catch (const std::exception& x) {
+                       first_error = x.what();
+                     }
+                   });
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { ctx.run(); });
+  for (auto& th : threads) th.join();
+  INFO(first_error);
+  CHECK(failures.load() == 0);
+  CHECK(c.done.load() == sessions * rounds);
+  CHECK(c.max_cap.load() <= 3);
+  CHECK(c.max_pool.load() <= 2);
+  CHECK(cap.value() == 3);
+  CHECK(pool.underlying().value() == 2);
 }

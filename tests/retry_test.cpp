@@ -483,3 +483,223 @@ TEST_CASE("a sleeping retry cancelled gives its place in the budget back", "[ret
   CHECK(f.attempts == std::vector<ns>{0s, 1s, 11s});  // the second caller got its retry
   CHECK(budget.refused() == 0);
 }
+
+TEST_CASE("on_retry is called once per retry with the failed attempt, its error and the wait",
+          "[retry]") {
+  struct call {
+    std::size_t attempt;
+    const void* error;
+    ns delay;
+    ns at;
+  };
+  std::vector<call> calls;
+  flaky f{3, {}, {}};
+  virtual_loop loop;
+  const int v = loop.run([&]() -> asio::awaitable<int> {
+    const auto ex = co_await asio::this_coro::executor;
+    co_return co_await sluice::retry(
+        {.first = 100ms,
+         .attempts = 6,
+         .jitter = sluice::no_jitter,
+         .on_retry =
+             [&](std::size_t attempt, const std::exception_ptr& e, sluice::clock::duration d) {
+               const void* thrown = nullptr;
+               try {
+                 std::rethrow_exception(e);
+               } catch (const sluice::throttled_error& x) {
+                 thrown = &x;
+               }
+               calls.push_back({attempt, thrown, d, sluice::now(ex).time_since_epoch()});
+             }},
+        [&] { return f.call(); });
+  });
+  CHECK(v == 4);
+  REQUIRE(calls.size() == 3);  // three retries; the fourth attempt succeeded
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(calls[i].attempt == i + 1);
+    CHECK(calls[i].error == f.thrown[i]);  // the attempt's own exception
+    CHECK(calls[i].at == f.attempts[i]);   // before the wait
+  }
+  CHECK(calls[0].delay == 100ms);
+  CHECK(calls[1].delay == 200ms);
+  CHECK(calls[2].delay == 400ms);
+}
+
+TEST_CASE("on_retry is not called when no retry follows; a hint is the delay it sees", "[retry]") {
+  std::vector<ns> delays;
+  auto hook = [&](std::size_t, const std::exception_ptr&, sluice::clock::duration d) {
+    delays.push_back(d);
+  };
+  virtual_loop loop;
+  // A hinted error is retried after its hint; the last attempt's error is not.
+  std::size_t n = 0;
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::retry({.first = 1s, .attempts = 2, .on_retry = hook},
+                           [&]() -> asio::awaitable<void> {
+                             ++n;
+                             throw http_429("slow down", 7s);
+                             co_return;
+                           });
+  }),
+                  http_429);
+  CHECK(n == 2);
+  CHECK(delays == std::vector<ns>{7s});
+  // A non-retryable error, and a retry the budget refuses: no call.
+  sluice::retry_budget budget{{.ratio = 0.0, .per = 1min}};
+  flaky plain{10, {}, {}}, refused{10, {}, {}};
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<int> {
+    co_return co_await sluice::retry({.attempts = 3, .on_retry = hook},
+                                     [&] { return plain.call<numbered_error>(); });
+  }),
+                  numbered_error);
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<int> {
+    co_return co_await sluice::retry({.attempts = 3, .budget = &budget, .on_retry = hook},
+                                     [&] { return refused.call(); });
+  }),
+                  sluice::throttled_error);
+  CHECK(delays.size() == 1);
+  CHECK(budget.refused() == 1);
+}
+
+TEST_CASE("an exception from on_retry ends the call: no wait, no attempt, the budget place back",
+          "[retry]") {
+  sluice::retry_budget budget{{.ratio = 0.0, .per = 1min, .min_retries = 1}};
+  flaky f{10, {}, {}};
+  virtual_loop loop;
+  CHECK_THROWS_WITH(loop.run([&]() -> asio::awaitable<int> {
+    co_return co_await sluice::retry(
+        {.first = 1s,
+         .attempts = 3,
+         .budget = &budget,
+         .on_retry =
+             [](std::size_t, const std::exception_ptr&, sluice::clock::duration) {
+               throw std::runtime_error("logger down");
+             }},
+        [&] { return f.call(); });
+  }),
+                    "logger down");
+  CHECK(f.attempts.size() == 1);
+  CHECK(loop.now() == 0s);
+  CHECK(budget.retries() == 0);
+}
+
+TEST_CASE("retries() counts the window's retries, retried() every retry since construction",
+          "[retry]") {
+  // The trial's reading: 12 retries over two minutes, then retries() == 1.
+  sluice::retry_budget budget{{.ratio = 1.0, .per = 10s}};
+  flaky f{0, {}, {}};
+  virtual_loop loop;
+  loop.run([&]() -> asio::awaitable<void> {
+    for (int i = 0; i < 12; ++i) {
+      f.failures = f.attempts.size() + 1;  // this call's first attempt fails, its retry succeeds
+      co_await sluice::retry(
+          {.first = 1s, .attempts = 2, .jitter = sluice::no_jitter, .budget = &budget},
+          [&] { return f.call(); });
+      co_await sluice::sleep(9s);  // one call every 10 s
+    }
+    CHECK(budget.retries() == 1);  // in the window ending now: the last call's retry
+    CHECK(budget.retried() == 12);
+    co_await sluice::sleep(1min);
+    f.failures = 0;
+    co_await sluice::retry({.budget = &budget}, [&] { return f.call(); });
+  });
+  CHECK(f.attempts.size() == 25);
+  CHECK(budget.first_attempts() == 1);
+  CHECK(budget.retries() == 0);  // the window has moved past them all
+  CHECK(budget.retried() == 12);
+  CHECK(budget.refused() == 0);
+}
+
+TEST_CASE("a retry_if that throws ends the call with callback_error, the attempt's error nested",
+          "[retry]") {
+  flaky f{10, {}, {}};
+  virtual_loop loop;
+  const void* nested = nullptr;
+  std::string what;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await sluice::retry({.attempts = 3,
+                              .retry_if = [](const std::exception_ptr&) -> bool {
+                                throw std::logic_error("classifier bug");
+                              }},
+                             [&] { return f.call(); });
+    } catch (const sluice::callback_error& e) {
+      what = e.what();
+      CHECK_THROWS_WITH(std::rethrow_exception(e.callback_exception()), "classifier bug");
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const sluice::throttled_error& original) {
+        nested = &original;
+      }
+    }
+  });
+  CHECK(what == "sluice::retry: retry_if threw: classifier bug");
+  REQUIRE(f.thrown.size() == 1);
+  CHECK(nested == f.thrown[0]);  // the attempt's own exception, not a copy
+  CHECK(f.attempts.size() == 1);
+}
+
+TEST_CASE(
+    "a caller cancelled at the instant its backoff wait ends is not retried, gives its place back",
+    "[retry]") {
+  // The canceller's timer is armed first for the same instant, so it runs
+  // after the retry's wait has fired and before the retry resumes.
+  sluice::retry_budget budget{{.ratio = 0.0, .per = 1min, .min_retries = 1}};
+  flaky f{10, {}, {}};
+  tasks_on_loop t;
+  sluice_test::task* caller = nullptr;
+  t.spawn([&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(1s);
+    caller->cancel();
+  });
+  caller = &t.spawn([&]() -> asio::awaitable<void> {
+    co_await sluice::retry(
+        {.first = 1s, .attempts = 3, .jitter = sluice::no_jitter, .budget = &budget},
+        [&] { return f.call(); });
+  });
+  t.loop.run_for(1min);
+  REQUIRE(caller->done);
+  CHECK(caller->cancelled());
+  CHECK(f.attempts == std::vector<ns>{0s});  // no attempt at 1 s
+  CHECK(budget.retries() == 0);              // the retry never ran: its place is back
+  CHECK(budget.retried() == 0);
+}
+
+TEST_CASE("a retry_after of the clock's range makes no attempt at the end of virtual time",
+          "[retry]") {
+  virtual_loop loop;
+  std::size_t attempts = 0;
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::retry({.attempts = 3}, [&]() -> asio::awaitable<void> {
+      ++attempts;
+      throw http_429("429", sluice::clock::duration::max());
+      co_return;
+    });
+  }),
+                  sluice::testing::deadlock_error);
+  CHECK(attempts == 1);
+  CHECK(loop.now() == 0s);
+}
+
+TEST_CASE("backoff fields take any duration and saturate it instead of overflowing", "[retry]") {
+  virtual_loop loop;
+  std::size_t attempts = 0;
+  // hours::max() in nanoseconds overflows: before, a negative `first` was refused.
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::retry({.first = std::chrono::hours::max(),
+                            .max = std::chrono::hours::max(),
+                            .attempts = 3,
+                            .jitter = sluice::no_jitter},
+                           [&]() -> asio::awaitable<void> {
+                             ++attempts;
+                             throw sluice::throttled_error("429");
+                             co_return;
+                           });
+  }),
+                  sluice::testing::deadlock_error);
+  CHECK(attempts == 1);
+  const sluice::backoff b{.first = std::chrono::duration<double>(0.25),
+                          .max = std::chrono::duration<double>(1e300)};
+  CHECK(b.first == 250ms);
+  CHECK(b.max == sluice::clock::duration::max());
+}

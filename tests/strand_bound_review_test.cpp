@@ -16,6 +16,7 @@
 #include <support/lifetime.hpp>
 
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -200,11 +201,11 @@ TEST_CASE("review: one loop destroyed while callers wait on its own strand frees
 
 // How a call made by a coroutine whose cancellation is already requested
 // ends: the co_await itself throws there, so it is caught right around it.
-#define REVIEW_ENDING(how, call)                                                   \
-  try {                                                                            \
-    co_await (call);                                                               \
-    how.push_back("ok");                                                           \
-  } catch (const sluice::system_error& e) {                                        \
+#define REVIEW_ENDING(how, call)                                                      \
+  try {                                                                               \
+    co_await (call);                                                                  \
+    how.push_back("ok");                                                              \
+  } catch (const sluice::system_error& e) {                                           \
     how.push_back(e.code() == asio::error::operation_aborted ? "aborted" : e.what()); \
   }
 
@@ -222,7 +223,9 @@ TEST_CASE("review: a caller cancelled before it called takes nothing, whatever t
     ++fn_calls;
     co_return 1;
   };
-  auto visit = [&](sluice::semaphore&) { ++visits; };
+  auto visit = [&](sluice::semaphore&) {
+    ++visits;
+  };
   asio::co_spawn(
       asio::make_strand(ctx),
       [&]() -> asio::awaitable<void> {
@@ -294,4 +297,32 @@ TEST_CASE("review: permits dropped on threads outside every loop are released on
   CHECK(granted_after == 4);
   CHECK(sem.underlying().value() == 3);
   CHECK(keyed.underlying().keys() == 0);
+}
+
+TEST_CASE("review: a strand_bound destroyed before its io_context while grants are pending",
+          "[strand_bound][review]") {
+  // The usual member order (the io_context first, then the limit) destroys
+  // the limit first. Two grants are queued on the callers' loop when it goes;
+  // handing them on must not reach the destroyed strand_bound (ASan).
+  const int before = lifetime_counter::live();
+  std::atomic<int> resumed{0};
+  {
+    asio::io_context limit_ctx;
+    std::optional<asio::io_context> callers(std::in_place);
+    auto sem = std::make_unique<shared_sem>(asio::make_strand(limit_ctx), 0);
+    for (int kind = 0; kind < 2; ++kind)
+      asio::co_spawn(callers->get_executor(), wait_counted(*sem, kind, resumed), asio::detached);
+    callers->poll();
+    limit_ctx.poll();
+    REQUIRE(sem->underlying().waiters() == 2);
+    sem->release();
+    sem->release();
+    drain(limit_ctx);  // both granted; the completions are queued on `callers`
+    REQUIRE(sem->underlying().waiters() == 0);
+    sem.reset();      // the limit goes first
+    callers.reset();  // drops the completions: the grants are handed on
+    drain(limit_ctx);
+  }
+  CHECK(lifetime_counter::live() == before);
+  CHECK(resumed.load() == 0);
 }

@@ -218,3 +218,53 @@ TEST_CASE("destroying a token_bucket with waiters aborts them", "[token_bucket]"
   h.poll();
   for (auto* x : t) CHECK(x->cancelled());
 }
+
+TEST_CASE("a give-back refunds only the tokens its grant took that have not refilled",
+          "[token_bucket]") {
+  // The give-back acquire_all makes (and a grant cancelled before it
+  // resumed): keyed by what rate_core returned for the grant.
+  virtual_loop loop;
+  sluice::token_bucket tb{loop.get_executor(), 1.0, 2};  // one token a second, burst 2
+  auto& core = sluice::detail::rate_access::core(tb);
+  loop.run([&]() -> asio::awaitable<void> {
+    const auto ex = co_await asio::this_coro::executor;
+    // At once: the whole grant comes back.
+    auto key = core.take_ready(1, ex);
+    CHECK(tb.tokens() == 1.0);
+    core.give_back(1, key);
+    CHECK(tb.tokens() == 2.0);
+    // After the bucket refilled: nothing to refund.
+    key = core.take_ready(1, ex);  // t 0
+    co_await sluice::sleep(1s);
+    CHECK(tb.tokens() == 2.0);  // its token is back already
+    co_await tb.acquire(2);     // t 1: empty
+    core.give_back(1, key);
+    CHECK(tb.tokens() == 0.0);  // was 1.0: a token that was never lost
+    CHECK_FALSE(tb.try_acquire());
+    // Half refilled: half a token comes back, as if the grant had never been.
+    co_await sluice::sleep(2s);  // t 3: full
+    key = core.take_ready(1, ex);
+    co_await sluice::sleep(500ms);
+    co_await tb.acquire(1);  // t 3.5: 0.5 left
+    core.give_back(1, key);
+    CHECK(tb.tokens() == 1.0);  // as the second grant alone leaves it (was 1.5)
+  });
+  CHECK(loop.now() == 3500ms);
+}
+
+TEST_CASE("token_bucket and rate_limiter take their counts as any integer type", "[token_bucket]") {
+  int burst = 4, calls = 3, negative = -2;
+  sluice::token_bucket tb{1.0, burst};
+  CHECK(tb.burst() == 4);
+  sluice::rate_limiter rl{calls, 1s};
+  CHECK(rl.calls() == 3);
+  virtual_loop loop;
+  sluice::token_bucket tb2{loop.get_executor(), 1.0, burst};
+  sluice::rate_limiter rl2{loop.get_executor(), calls, 1s};
+  CHECK(tb2.burst() == 4);
+  CHECK(rl2.calls() == 3);
+  CHECK_THROWS_WITH(sluice::token_bucket(1.0, negative),
+                    "sluice::token_bucket: burst must not be negative");
+  CHECK_THROWS_WITH(sluice::rate_limiter(negative, 1s),
+                    "sluice::rate_limiter: calls must not be negative");
+}

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -32,15 +33,30 @@
 
 namespace sluice_examples {
 
+// How the replica runs: `wrapper` starts it (e.g. {"env", "LD_PRELOAD=..."});
+// `upstream(primary port)` is the port it replicates from (a relay), if set.
+// `failover_timeout_ms`: the sentinels' failover-timeout, also how long they
+// leave a replica that replicates from another address (the relay) before
+// they point it at the primary, and half the wait before a failed election
+// is tried again.
+struct sentinel_replica_setup {
+  std::vector<std::string> wrapper;
+  std::function<int(int)> upstream;
+  int failover_timeout_ms = 3000;
+};
+
 class redis_sentinels {
  public:
   // The master name the sentinels monitor.
   static constexpr const char* master = "mymaster";
 
+  using replica_setup = sentinel_replica_setup;
+
   // Starts the deployment and waits until every sentinel knows the replica and
   // the two other sentinels (a failover needs both); nullopt, with the reason
   // in `why`, if it could not (no redis-sentinel, a process did not come up).
-  static std::optional<redis_sentinels> start(std::string& why, int down_after_ms = 400) {
+  static std::optional<redis_sentinels> start(std::string& why, int down_after_ms = 400,
+                                              const replica_setup& rs = {}) {
     if (find_program("redis-sentinel").empty()) {
       why = "no redis-sentinel (Debian: redis-sentinel)";
       return std::nullopt;
@@ -59,8 +75,10 @@ class redis_sentinels {
       why = "could not start redis-server";
       return std::nullopt;
     }
+    const int upstream = rs.upstream ? rs.upstream(d.primary_->port()) : d.primary_->port();
     if (auto r = redis_server::start(
-            {}, {"--replicaof", "127.0.0.1", std::to_string(d.primary_->port()), "--dir", d.dir_}))
+            {}, {"--replicaof", "127.0.0.1", std::to_string(upstream), "--dir", d.dir_},
+            rs.wrapper))
       d.replica_.emplace(std::move(*r));
     if (!d.replica_ ||
         !d.wait_for(d.replica_->port(), "INFO", "replication", "master_link_status:up")) {
@@ -68,7 +86,7 @@ class redis_sentinels {
       return std::nullopt;
     }
     for (int i = 0; i < 3; ++i) {
-      if (!d.start_sentinel(down_after_ms)) {
+      if (!d.start_sentinel(down_after_ms, rs.failover_timeout_ms)) {
         why = "could not start redis-sentinel";
         return std::nullopt;
       }
@@ -84,9 +102,9 @@ class redis_sentinels {
   }
 
   // Starts it, or ends the test binary with skip_exit_code and the reason.
-  static redis_sentinels start_or_skip() {
+  static redis_sentinels start_or_skip(const replica_setup& rs = {}) {
     std::string why;
-    auto d = start(why);
+    auto d = start(why, 400, rs);
     if (!d) {
       std::fprintf(stderr, "SKIPPED: %s\n", why.c_str());
       std::fflush(stderr);
@@ -131,15 +149,16 @@ class redis_sentinels {
   const std::string& dir() const { return dir_; }
   // SIGKILLs the primary (a crash): the sentinels then fail over to the replica.
   void kill_primary() { primary_.reset(); }
+  // Freezes sentinel k (SIGSTOP: a hung process whose kernel still answers
+  // TCP) / lets it go on.
+  void pause_sentinel(std::size_t k) const { ::kill(sentinel_pids_.at(k), SIGSTOP); }
+  void resume_sentinel(std::size_t k) const { ::kill(sentinel_pids_.at(k), SIGCONT); }
 
   // Sends one command (up to three words) in RESP to a loopback port and
   // returns the raw reply (up to 64 KiB), or "" on failure.
   static std::string raw(int port, const std::vector<std::string>& words) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    sockaddr_in a = loopback_address(port);
     std::string out;
     if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
       std::string cmd = "*" + std::to_string(words.size()) + "\r\n";
@@ -171,7 +190,7 @@ class redis_sentinels {
     return false;
   }
 
-  bool start_sentinel(int down_after_ms) {
+  bool start_sentinel(int down_after_ms, int failover_timeout_ms) {
     for (int attempt = 0; attempt < 3; ++attempt) {
       const int port = free_port();
       const std::string conf = dir_ + "/sentinel-" + std::to_string(port) + ".conf";
@@ -180,22 +199,15 @@ class redis_sentinels {
                           << "sentinel monitor " << master << " 127.0.0.1 " << primary_->port()
                           << " 2\n"
                           << "sentinel down-after-milliseconds " << master << " " << down_after_ms
-                          << "\nsentinel failover-timeout " << master << " 3000\n"
+                          << "\nsentinel failover-timeout " << master << " " << failover_timeout_ms
+                          << "\n"
                           << "sentinel parallel-syncs " << master << " 1\n";
-      const pid_t pid = spawn_process({"redis-sentinel", conf}, true);
-      if (pid <= 0) return false;
-      for (int i = 0; i < 300; ++i) {
-        if (ping(port)) {
-          sentinel_ports_.push_back(port);
-          sentinel_pids_.push_back(pid);
-          return true;
-        }
-        int status = 0;
-        if (::waitpid(pid, &status, WNOHANG) == pid) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      const pid_t pid = spawn_until_ping({"redis-sentinel", conf}, port, 300);
+      if (pid > 0) {
+        sentinel_ports_.push_back(port);
+        sentinel_pids_.push_back(pid);
+        return true;
       }
-      ::kill(pid, SIGKILL);
-      wait_process(pid);
     }
     return false;
   }

@@ -93,13 +93,19 @@ inline int wait_process(pid_t pid) {
   return -1;
 }
 
-// A loopback TCP port nobody listens on now.
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// 127.0.0.1:port as a socket address.
+inline sockaddr_in loopback_address(int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  return a;
+}
+
+// A loopback TCP port nobody listens on now.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = loopback_address(0);
   socklen_t len = sizeof a;
   int port = -1;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
@@ -112,10 +118,7 @@ inline int free_port() {
 // True if a Redis server answers PING on 127.0.0.1:port (NOAUTH counts: it is up).
 inline bool ping(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  sockaddr_in a = loopback_address(port);
   bool ok = false;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
     const char cmd[] = "*1\r\n$4\r\nPING\r\n";
@@ -128,6 +131,43 @@ inline bool ping(int port) {
   return ok;
 }
 
+// The arguments of a redis-server on 127.0.0.1:`port` with no persistence
+// and no log (more may follow; a later one overrides an earlier one).
+inline std::vector<std::string> redis_server_args(int port) {
+  return {"redis-server",
+          "--port",
+          std::to_string(port),
+          "--bind",
+          "127.0.0.1",
+          "--save",
+          "",
+          "--appendonly",
+          "no",
+          "--daemonize",
+          "no",
+          "--loglevel",
+          "warning",
+          "--logfile",
+          "/dev/null"};
+}
+
+// Starts `args` (quiet) and waits until a server answers PING on `port`
+// (`tries` x 10 ms). Its pid, or -1 if it exited (the port was taken, bad
+// arguments) or did not answer in time (then it is killed).
+inline pid_t spawn_until_ping(const std::vector<std::string>& args, int port, int tries) {
+  const pid_t pid = spawn_process(args, true);
+  if (pid <= 0) return -1;
+  for (int i = 0; i < tries; ++i) {
+    if (ping(port)) return pid;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  wait_process(pid);
+  return -1;
+}
+
 class redis_server {
  public:
   // Starts a server on a free port; nullopt if none could be started (no
@@ -135,11 +175,14 @@ class redis_server {
   // `unix_socket`: also listen on that path.
   // `extra`: more redis-server arguments (e.g. {"--requirepass", "pw"}); they
   // come after the defaults, so they may override `--save` too.
+  // `wrapper`: a command that runs the server (e.g. {"env", "LD_PRELOAD=x.so"}).
   static std::optional<redis_server> start(std::string unix_socket = {},
-                                           std::vector<std::string> extra = {}) {
+                                           std::vector<std::string> extra = {},
+                                           std::vector<std::string> wrapper = {}) {
     redis_server s;
     s.unix_socket_ = std::move(unix_socket);
     s.extra_ = std::move(extra);
+    s.wrapper_ = std::move(wrapper);
     for (int attempt = 0; attempt < 3; ++attempt) {
       s.port_ = free_port();
       if (s.port_ > 0 && s.launch()) return s;
@@ -151,7 +194,8 @@ class redis_server {
       : port_(o.port_),
         pid_(std::exchange(o.pid_, -1)),
         unix_socket_(std::move(o.unix_socket_)),
-        extra_(std::move(o.extra_)) {}
+        extra_(std::move(o.extra_)),
+        wrapper_(std::move(o.wrapper_)) {}
   redis_server& operator=(redis_server&&) = delete;
   ~redis_server() { stop(); }
 
@@ -192,44 +236,21 @@ class redis_server {
   redis_server() = default;
 
   bool launch() {
-    std::vector<std::string> args = {"redis-server",
-                                     "--port",
-                                     std::to_string(port_),
-                                     "--bind",
-                                     "127.0.0.1",
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--daemonize",
-                                     "no",
-                                     "--loglevel",
-                                     "warning",
-                                     "--logfile",
-                                     "/dev/null"};
+    std::vector<std::string> args = redis_server_args(port_);
     if (!unix_socket_.empty()) {
       args.insert(args.end(), {"--unixsocket", unix_socket_, "--unixsocketperm", "700"});
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
-    pid_ = spawn_process(args, true);
-    if (pid_ <= 0) return false;
-    for (int i = 0; i < 500; ++i) {
-      if (ping(port_)) return true;
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {  // exited: port taken, or bad args
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    stop();
-    return false;
+    args.insert(args.begin(), wrapper_.begin(), wrapper_.end());
+    pid_ = spawn_until_ping(args, port_, 500);
+    return pid_ > 0;
   }
 
   int port_ = -1;
   pid_t pid_ = -1;
   std::string unix_socket_;
   std::vector<std::string> extra_;
+  std::vector<std::string> wrapper_;
 };
 
 // Child roles a test binary can run as: `<self> --child <name> args...`.

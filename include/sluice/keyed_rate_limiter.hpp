@@ -9,6 +9,7 @@
 
 #include <sluice/detail/asio.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <functional>
@@ -50,15 +51,18 @@ namespace sluice {
 template <class Key, class Hash = std::hash<Key>, class KeyEqual = std::equal_to<Key>>
 class keyed_rate_limiter {
  public:
-  /// At most `calls` starts in any window of `per`, per key.
-  keyed_rate_limiter(std::size_t calls, clock::duration per)
-      : keyed_rate_limiter(asio::any_io_executor{}, calls, per, 0) {}
+  /// At most `calls` starts in any window of `per`, per key (`per`: any
+  /// `std::chrono::duration`, saturated instead of overflowing).
+  template <class Rep, class Period>
+  keyed_rate_limiter(std::size_t calls, std::chrono::duration<Rep, Period> per)
+      : keyed_rate_limiter(asio::any_io_executor{}, calls, detail::saturate(per), 0) {}
 
   /// As above, with an executor whose context's clock is used from the start.
-  template <class Executor>
+  template <class Executor, class Rep, class Period>
   requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
-      keyed_rate_limiter(const Executor& ex, std::size_t calls, clock::duration per)
-      : keyed_rate_limiter(asio::any_io_executor(ex), calls, per, 0) {}
+      keyed_rate_limiter(const Executor& ex, std::size_t calls,
+                         std::chrono::duration<Rep, Period> per)
+      : keyed_rate_limiter(asio::any_io_executor(ex), calls, detail::saturate(per), 0) {}
 
   keyed_rate_limiter(const keyed_rate_limiter&) = delete;
   keyed_rate_limiter& operator=(const keyed_rate_limiter&) = delete;

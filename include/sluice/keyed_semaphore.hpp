@@ -21,6 +21,10 @@
 
 namespace sluice {
 
+namespace detail {
+struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
+}  // namespace detail
+
 /// At most `per_key` holders per key at once: one `semaphore` per key, made
 /// when a key is first used and freed the moment nobody holds or waits for it
 /// (pynenc's keyed concurrency, "one job per account at a time", and its
@@ -48,7 +52,9 @@ namespace sluice {
 /// `asio::error::operation_aborted`, holds nothing) or was granted (completes
 /// successfully and holds the permit). `acquire` / `scoped_acquire` hand a
 /// permit granted to a coroutine cancelled before it resumed on to the key's
-/// next waiter and throw `operation_aborted`, as `semaphore` does.
+/// next waiter and throw `operation_aborted`, as `semaphore` does. A coroutine
+/// cancelled before it called is refused at once, busy key or free, and
+/// leaves no entry behind (as `semaphore`).
 ///
 /// Throws: `per_key == 0` is `std::invalid_argument`; `release(key)` of a key
 /// not held is `std::logic_error`. Destroying a keyed semaphore that still has
@@ -108,6 +114,7 @@ class keyed_semaphore {
 
    private:
     friend class keyed_semaphore;
+    friend struct detail::budget_access;
     permit(keyed_semaphore& s, node_type* n, detail::clock::time_point since) noexcept
         : sem_(&s), node_(n), since_(since) {}
     keyed_semaphore* sem_ = nullptr;
@@ -147,12 +154,14 @@ class keyed_semaphore {
   /// waits for it. Throws `system_error(operation_aborted)` when cancelled
   /// (holding nothing). Pair it with `release(key)`.
   [[nodiscard]] asio::awaitable<void> acquire(Key key) {
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state, name);
     node_type* n = node_for(key);
     if (!n->second.try_acquire()) co_await wait(n);
   }
 
   /// As `acquire(key)`, returning a `permit` that releases on destruction.
   [[nodiscard]] asio::awaitable<permit> scoped_acquire(Key key) {
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state, name);
     node_type* n = node_for(key);
     if (!n->second.try_acquire()) co_await wait(n);
     if (!stats_.clock.bound()) stats_.clock.bind(co_await asio::this_coro::executor);
@@ -224,6 +233,7 @@ class keyed_semaphore {
   }
 
  private:
+  friend struct detail::budget_access;
   static constexpr const char* name = "sluice::keyed_semaphore";
 
   keyed_semaphore(asio::any_io_executor ex, std::size_t per_key, Hash hash, KeyEqual eq, int)
@@ -269,7 +279,12 @@ class keyed_semaphore {
     affinity_.check(name);
     auto [it, made] = entry(key);
     try {
-      it->second.initiate(std::forward<Handler>(handler), true);
+      // A refused caller (cancelled before it called) took nothing: a new
+      // entry is idle and goes at once.
+      if (it->second.initiate(std::forward<Handler>(handler), true) ==
+              detail::wait_start::refused &&
+          made)
+        map_.erase(it);
     } catch (...) {
       if (made) map_.erase(it);  // rejected handler: keep nothing for the key
       throw;

@@ -4,7 +4,9 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/queue_nodes.hpp>
 #include <sluice/detail/waiter_list.hpp>
+#include <sluice/queue_error.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -15,99 +17,10 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
 namespace sluice {
-
-/// Error codes of `sluice::queue` operations.
-enum class queue_errc {
-  shut_down = 1,  ///< the queue was shut down (Python's `QueueShutDown`)
-};
-
-/// The category of `queue_errc`.
-inline const error_category& queue_category() noexcept {
-  struct category final : error_category {
-    const char* name() const noexcept override { return "sluice.queue"; }
-    std::string message(int ev) const override {
-      return ev == static_cast<int>(queue_errc::shut_down) ? "the queue was shut down"
-                                                           : "unknown sluice.queue error";
-    }
-  };
-  static const category instance;
-  return instance;
-}
-
-/// Makes a `error_code` from a `queue_errc`.
-inline error_code make_error_code(queue_errc e) noexcept {
-  return {static_cast<int>(e), queue_category()};
-}
-
-}  // namespace sluice
-
-#if defined(SLUICE_USE_BOOST_ASIO)
-template <>
-struct boost::system::is_error_code_enum<sluice::queue_errc> : std::true_type {};
-#else
-template <>
-struct std::is_error_code_enum<sluice::queue_errc> : std::true_type {};
-#endif
-
-namespace sluice {
-
-/// Thrown by `queue` members that put into a shut-down queue, or get from a
-/// shut-down queue that is empty. Its code is `queue_errc::shut_down`, the
-/// error the `async_*` operations report in the same situations.
-class queue_shut_down : public system_error {
- public:
-  /// `what` is the message; the code is always `queue_errc::shut_down`.
-  explicit queue_shut_down(const char* what) : system_error(queue_errc::shut_down, what) {}
-};
-
-namespace detail {
-
-template <class T>
-struct get_node : wait_op {
-  std::optional<T> item;
-  get_node() = default;
-  explicit get_node(T&& v) : item(std::move(v)) {}
-};
-
-template <class T>
-struct put_node : wait_op {
-  std::optional<T> item;
-  explicit put_node(T&& v) : item(std::move(v)) {}
-};
-
-// A getter that completes without an error has an item, unless an immediate
-// shutdown dropped the item handed to it before it resumed: it then fails
-// with shut_down, as a Python getter that wakes to a shut-down, empty queue.
-template <class T>
-void check_not_dropped(const get_node<T>& n, error_code& ec) {
-  if (!ec && !n.item) ec = queue_errc::shut_down;
-}
-
-// Delivers the item as T (value-initialized on error).
-template <class T>
-struct deliver_item {
-  std::tuple<T> operator()(get_node<T>& n, error_code& ec) const {
-    check_not_dropped(n, ec);
-    if (n.item) return std::tuple<T>(std::move(*n.item));
-    return std::tuple<T>(T{});
-  }
-};
-
-// Delivers the item as std::optional<T> (no default constructor needed).
-template <class T>
-struct deliver_optional {
-  std::tuple<std::optional<T>> operator()(get_node<T>& n, error_code& ec) const {
-    check_not_dropped(n, ec);
-    return std::tuple<std::optional<T>>(std::move(n.item));
-  }
-};
-
-}  // namespace detail
 
 /// A loop-affine FIFO queue for coroutines (Python's `asyncio.Queue`, with
 /// Python 3.13's `shutdown()`): producers `put`, consumers `get`, and a
@@ -148,7 +61,10 @@ struct deliver_optional {
 /// hold one item more than `maxsize`). A `get()` cancelled before it resumed
 /// throws `operation_aborted` whatever else happened meanwhile (a shutdown).
 /// A cancelled putter is removed and its item is dropped; a putter whose item
-/// already went in completes successfully.
+/// already went in completes successfully. A coroutine cancelled before it
+/// called `get`, `put` or `join` is refused at once with `operation_aborted`,
+/// even when it need not wait: a get takes no item, a put's item does not go
+/// in (it is dropped).
 ///
 /// Throws: `task_done()` more often than items were put throws
 /// `std::logic_error`. Destroying a queue with waiters completes them with
@@ -210,9 +126,10 @@ class queue {
           affinity_.bind(asio::get_associated_executor(handler, ex_));
           const auto in = affinity_.enter("sluice::queue");
           using node = detail::put_node<T>;
-          if (shut_down_) {
+          if (const error_code ec = refusal(handler)) {
             start_failed<node, detail::deliver_nothing>(std::forward<decltype(handler)>(handler),
-                                                        "sluice::queue::async_put", std::move(v));
+                                                        "sluice::queue::async_put", ec,
+                                                        std::move(v));
             return;
           }
           const bool ready = can_put_now();
@@ -232,6 +149,7 @@ class queue {
   /// Throws `queue_shut_down` after `shutdown()`, and
   /// `system_error(operation_aborted)` if cancelled before the item went in.
   [[nodiscard]] asio::awaitable<void> put(T value) {
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state, "sluice::queue::put");
     if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_put_value(value, "sluice::queue::put")) co_return;
     error_code ec;
@@ -261,10 +179,10 @@ class queue {
   /// one. Throws `queue_shut_down` when shut down and empty, and
   /// `system_error(operation_aborted)` if cancelled (no item is lost).
   [[nodiscard]] asio::awaitable<T> get() {
+    auto state = co_await asio::this_coro::cancellation_state;
+    detail::refuse_if_cancelled(state, "sluice::queue::get");
     if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (std::optional<T> ready = try_take("sluice::queue::get")) co_return std::move(*ready);
-    auto state = co_await asio::this_coro::cancellation_state;
-    const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
     error_code ec;
     auto token = asio::redirect_error(asio::use_awaitable, ec);
     std::optional<T> item =
@@ -274,7 +192,7 @@ class queue {
                   std::forward<decltype(handler)>(handler), "sluice::queue::get");
             },
             token);
-    if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+    if (state.cancelled() != asio::cancellation_type::none) {
       // Cancelled before it resumed: cancellation wins (Python's CancelledError).
       // Only an item actually received is given back; after an error (a
       // shutdown, a destroyed queue) `this` is not touched.
@@ -318,6 +236,8 @@ class queue {
   /// Waits until every item put has been marked done; does not suspend if
   /// none is unfinished.
   [[nodiscard]] asio::awaitable<void> join() {
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state,
+                                "sluice::queue::join");
     if constexpr (detail::affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     {
       const auto in = affinity_.enter("sluice::queue");
@@ -452,29 +372,44 @@ class queue {
     affinity_.bind(asio::get_associated_executor(handler, ex_));
     const auto in = affinity_.enter("sluice::queue");
     using node = detail::get_node<T>;
+    if (detail::cancel_requested(handler)) {
+      start_failed<node, Deliver>(std::forward<Handler>(handler), what,
+                                  asio::error::operation_aborted);
+      return;
+    }
     if (!items_.empty()) {
       detail::require_executor<std::decay_t<Handler>>(ex_, what);
       // Handed over at once, through the same path as a waiting getter.
-      detail::wait_op* op = detail::start_wait<node, Deliver>(
-          std::forward<Handler>(handler), ex_, what, handed_, false, false, *take_front());
-      op->complete_deferred(error_code{});
+      detail::start_wait<node, Deliver>(std::forward<Handler>(handler), ex_, what, handed_, false,
+                                        false, *take_front());
+      static_cast<detail::wait_op*>(handed_.back())->complete_deferred(error_code{});
       return;
     }
     if (shut_down_) {
-      start_failed<node, Deliver>(std::forward<Handler>(handler), what);
+      start_failed<node, Deliver>(std::forward<Handler>(handler), what, queue_errc::shut_down);
       return;
     }
     detail::start_wait<node, Deliver>(std::forward<Handler>(handler), ex_, what, getters_, false,
                                       true);
   }
 
-  // Completes a new operation at once (through a post) with shut_down.
+  // Why a put must fail at once: its caller was cancelled before it called
+  // (operation_aborted, as every wait), or the queue is shut down; none if not.
+  template <class Handler>
+  error_code refusal(const Handler& handler) const {
+    if (detail::cancel_requested(handler)) return asio::error::operation_aborted;
+    if (shut_down_) return queue_errc::shut_down;
+    return {};
+  }
+
+  // Completes a new operation at once (through a post) with `ec`, taking
+  // nothing (a put's item is dropped).
   template <class Node, class Deliver, class Handler, class... NodeArgs>
-  void start_failed(Handler&& handler, const char* what, NodeArgs&&... args) {
+  void start_failed(Handler&& handler, const char* what, error_code ec, NodeArgs&&... args) {
     detail::waiter_list scratch{false};
     detail::start_wait<Node, Deliver>(std::forward<Handler>(handler), ex_, what, scratch, false,
                                       false, std::forward<NodeArgs>(args)...);
-    static_cast<detail::wait_op*>(scratch.pop_front())->complete(queue_errc::shut_down);
+    static_cast<detail::wait_op*>(scratch.pop_front())->complete(ec);
   }
 
   void wake_joiners() {

@@ -2,94 +2,33 @@
 #ifndef SLUICE_RETRY_HPP
 #define SLUICE_RETRY_HPP
 
+// sluice::retry and its policy (backoff). The errors it retries are in
+// retryable.hpp, the budget shared by callers in retry_budget.hpp.
+
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
-#include <sluice/detail/affinity.hpp>
 #include <sluice/detail/virtual_clock.hpp>
+#include <sluice/retry_budget.hpp>
+#include <sluice/retryable.hpp>
 #include <sluice/time.hpp>
-#include <sluice/timeout.hpp>
 
 #include <sluice/detail/asio.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <optional>
 #include <random>
 #include <stdexcept>
-#include <string>
 #include <type_traits>
 #include <utility>
 
 namespace sluice {
-
-/// The hint a provider gives with a refusal: "try again after `after`" (HTTP
-/// `Retry-After`). An exception carries it by deriving from it, beside its
-/// usual base:
-///
-/// @code
-/// struct http_429 : std::runtime_error, sluice::retry_after {
-///   http_429(std::string what, sluice::clock::duration d)
-///       : std::runtime_error(std::move(what)), sluice::retry_after{d} {}
-/// };
-/// @endcode
-///
-/// `sluice::retryable` retries such an error, and `sluice::retry` waits exactly
-/// `after` before the next attempt (the hint wins over the backoff; a negative
-/// hint counts as zero). `sluice::testing::throttled_error` carries one.
-struct retry_after {
-  clock::duration after{};  ///< how long the provider asks the caller to wait
-};
-
-/// A call the provider refused for now (HTTP 429, 503): retryable by default.
-/// Throw it (or derive from it) where a client sees a throttle without a
-/// hint; with a hint, derive from `sluice::retry_after` as well.
-class throttled_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-/// The default `retry_if`: true for a throttle (`sluice::throttled_error`), a
-/// timeout (`sluice::timeout_error`, or a `system_error` whose code is
-/// `asio::error::timed_out`), and any exception that carries a
-/// `sluice::retry_after` hint. False for everything else, in particular for
-/// `operation_aborted` (the caller's own cancellation or deadline) and for a
-/// null pointer. Never throws.
-[[nodiscard]] inline bool retryable(const std::exception_ptr& e) noexcept {
-  if (!e) return false;
-  try {
-    std::rethrow_exception(e);
-  } catch (const retry_after&) {
-    return true;
-  } catch (const throttled_error&) {
-    return true;
-  } catch (const timeout_error&) {
-    return true;
-  } catch (const system_error& x) {
-    return x.code() == asio::error::timed_out;
-  } catch (...) {
-    return false;
-  }
-}
-
-/// The `retry_after` hint `e` carries, if any (negative hints read as zero).
-[[nodiscard]] inline std::optional<clock::duration> retry_after_of(
-    const std::exception_ptr& e) noexcept {
-  if (!e) return std::nullopt;
-  try {
-    std::rethrow_exception(e);
-  } catch (const retry_after& h) {
-    return std::max(h.after, clock::duration::zero());
-  } catch (...) {
-    return std::nullopt;
-  }
-}
 
 /// How the backoff delay is randomised (AWS's "Exponential Backoff and Jitter").
 enum class jitter_kind {
@@ -104,41 +43,51 @@ inline constexpr jitter_kind full_jitter = jitter_kind::full;
 /// `backoff::jitter`: equal jitter.
 inline constexpr jitter_kind equal_jitter = jitter_kind::equal;
 
-class retry_budget;
-namespace detail {
-struct retry_budget_access;
-}  // namespace detail
-
 /// The policy of `sluice::retry`; designated initializers:
 /// `sluice::backoff{.first = 100ms, .max = 30s, .attempts = 6, .jitter = sluice::full_jitter}`.
 ///
 /// Retry number k (k = 0 before the second attempt) waits `min(max, first * 2^k)`
 /// scaled by `jitter`, or exactly the `retry_after` hint the error carries.
 struct backoff {
-  clock::duration first = std::chrono::milliseconds(100);  ///< the base of the first retry
-  clock::duration max = std::chrono::seconds(30);          ///< no backoff delay exceeds it
+  saturating_duration first = std::chrono::milliseconds(100);  ///< the base of the first retry
+  saturating_duration max = std::chrono::seconds(30);          ///< no backoff delay exceeds it
   std::size_t attempts = 5;  ///< attempts in all, the first one included (1: never retry)
   /// No retry is scheduled whose wait would end more than this after the first
   /// attempt started; the last error passes through instead.
-  clock::duration max_elapsed = clock::duration::max();
+  saturating_duration max_elapsed = clock::duration::max();
   jitter_kind jitter = full_jitter;  ///< how the delay is randomised
   /// The jitter's seed. Unset: a fixed seed under `sluice::testing::virtual_loop`
   /// (runs are reproducible), `std::random_device` otherwise. Each call draws
   /// its own stream from (seed, the call's number on its execution context),
   /// so callers that fail together do not retry together.
   std::optional<std::uint64_t> seed = std::nullopt;
-  /// Which exceptions are retried; the rest pass through at once.
+  /// Which exceptions are retried; the rest pass through at once. If it
+  /// throws, the call ends with `sluice::callback_error` carrying that
+  /// exception, the attempt's own error nested in it.
   std::function<bool(const std::exception_ptr&)> retry_if = retryable;
   /// Shared by callers to cap retries at a ratio of first attempts (null: no cap).
   /// Must outlive the call.
   retry_budget* budget = nullptr;
+  /// Called once per retry, when it is decided (the budget has agreed) and
+  /// before its wait: `on_retry(attempt, error, delay)`, with `attempt` the
+  /// number of the attempt that just failed (1 for the first), `error` its
+  /// exception, and `delay` the wait before attempt `attempt + 1` (the
+  /// `retry_after` hint or the backoff's draw). Where tenacity's
+  /// `before_sleep`, resilience4j's `onRetry` and Polly's `OnRetry` log and
+  /// count retries. Runs inline on the caller's executor and must not
+  /// wait. An exception it throws ends the call: that exception propagates,
+  /// no wait and no further attempt, and the retry's place in the budget is
+  /// given back. Empty (the default): nothing is called.
+  std::function<void(std::size_t attempt, const std::exception_ptr& error, clock::duration delay)>
+      on_retry{};
 
   /// The delay before retry number `k` given a draw `u` in [0, 1) (`u` is
   /// ignored without jitter). Exposed so a caller can print its schedule.
   [[nodiscard]] clock::duration delay(std::size_t k, double u) const noexcept {
+    const clock::duration cap = max;
     clock::duration base = first;
-    for (std::size_t i = 0; i < k && base < max; ++i) base = base > max / 2 ? max : base * 2;
-    base = std::min(base, max);
+    for (std::size_t i = 0; i < k && base < cap; ++i) base = base > cap / 2 ? cap : base * 2;
+    base = std::min(base, cap);
     const auto scaled = [u](clock::duration d) {
       return clock::duration(static_cast<clock::duration::rep>(static_cast<double>(d.count()) * u));
     };
@@ -153,126 +102,6 @@ struct backoff {
     return base;
   }
 };
-
-/// A retry budget shared by callers: retries in any window of `per` stay at
-/// or below `ratio` times the first attempts in that window, plus
-/// `min_retries` (as Finagle's RetryBudget and gRPC's retry throttling). When
-/// an outage fails every call, retries add at most `ratio` to the load instead
-/// of multiplying it by the attempt count; `sluice::retry` then lets the error
-/// pass through at once.
-///
-/// - Counts exactly, over a sliding window (memory: one entry per distinct
-///   instant with a first attempt or retry in the window).
-/// - A retry is counted when `sluice::retry` decides on it (before its wait),
-///   and given back if the caller is cancelled during that wait.
-/// - Loop-affine, like the other primitives; time comes from the callers'
-///   clock (virtual under the test loop): do not share one budget between a
-///   virtual loop and a real one.
-/// - Throws `std::invalid_argument` for a `ratio` that is negative or not
-///   finite, or `per <= 0`.
-///
-/// @code
-/// sluice::retry_budget budget{{.ratio = 0.1, .per = 10s}};   // 10% of first attempts
-/// auto policy = sluice::backoff{.first = 100ms, .attempts = 4, .budget = &budget};
-/// co_await sluice::retry(policy, [&] { return call_api(req); });
-/// @endcode
-class retry_budget {
- public:
-  /// The budget's parameters.
-  struct options {
-    double ratio = 0.1;                              ///< retries per first attempt
-    clock::duration per = std::chrono::seconds(10);  ///< the window
-    std::size_t min_retries = 0;                     ///< retries always allowed per window
-  };
-
-  /// Throws `std::invalid_argument` for a bad ratio or window.
-  explicit retry_budget(options o) : opt_(o) {
-    if (!(opt_.ratio >= 0.0) || !std::isfinite(opt_.ratio))
-      throw std::invalid_argument("sluice::retry_budget: ratio must be finite and >= 0");
-    if (opt_.per <= clock::duration::zero())
-      throw std::invalid_argument("sluice::retry_budget: the window `per` must be positive");
-  }
-  retry_budget(const retry_budget&) = delete;
-  retry_budget& operator=(const retry_budget&) = delete;
-
-  /// The parameters.
-  [[nodiscard]] const options& config() const noexcept { return opt_; }
-  /// First attempts in the window as of the last use.
-  [[nodiscard]] std::size_t first_attempts() const noexcept { return firsts_.total; }
-  /// Retries in the window as of the last use.
-  [[nodiscard]] std::size_t retries() const noexcept { return retries_.total; }
-  /// Retries refused since construction (each let an error pass through).
-  [[nodiscard]] std::size_t refused() const noexcept { return refused_; }
-
- private:
-  friend struct detail::retry_budget_access;
-  static constexpr const char* name = "sluice::retry_budget";
-
-  template <class Executor>
-  void record_first_attempt(const Executor& ex, clock::time_point now) {
-    affinity_.bind(ex);
-    const auto in = affinity_.enter(name);
-    firsts_.add(now);
-    firsts_.expire(now, opt_.per);
-  }
-  // Counts a retry at `now` if it fits; else counts a refusal.
-  bool try_retry(clock::time_point now) {
-    const auto in = affinity_.enter(name);
-    firsts_.expire(now, opt_.per);
-    retries_.expire(now, opt_.per);
-    const double allowed = opt_.ratio * static_cast<double>(firsts_.total) +
-                           static_cast<double>(opt_.min_retries) + 1e-9;
-    if (static_cast<double>(retries_.total + 1) > allowed) {
-      ++refused_;
-      return false;
-    }
-    retries_.add(now);
-    return true;
-  }
-  // Forgets a retry counted at `at` that never ran (its caller was cancelled).
-  void give_back(clock::time_point at) noexcept { retries_.remove(at); }
-  // (instant, count) in increasing time; total is the sum of the counts.
-  struct window {
-    /// Retries counted at one instant.
-    struct entry {
-      clock::time_point at;  ///< the instant
-      std::size_t count;     ///< retries counted at it
-    };
-    std::deque<entry> entries;
-    std::size_t total = 0;
-    void add(clock::time_point t) {
-      if (!entries.empty() && entries.back().at == t) {
-        ++entries.back().count;
-      } else {
-        entries.push_back({t, 1});
-      }
-      ++total;
-    }
-    void expire(clock::time_point now, clock::duration per) {
-      while (!entries.empty() && entries.front().at + per <= now) {
-        total -= entries.front().count;
-        entries.pop_front();
-      }
-    }
-    void remove(clock::time_point t) noexcept {
-      for (auto it = entries.end(); it != entries.begin();) {
-        --it;
-        if (it->at < t) return;
-        if (it->at == t) {
-          --total;
-          if (--it->count == 0) entries.erase(it);
-          return;
-        }
-      }
-    }
-  };
-
-  options opt_;
-  window firsts_, retries_;
-  std::size_t refused_ = 0;
-  [[no_unique_address]] detail::affinity affinity_;
-};
-
 namespace detail {
 
 // Per execution context: the default jitter seed (fixed in virtual time) and
@@ -298,16 +127,6 @@ class retry_seed_service final : public asio::execution_context::service {
   }
   std::uint64_t seed_;
   std::atomic<std::uint64_t> calls_{0};
-};
-
-// sluice::retry's way into a budget's private members.
-struct retry_budget_access {
-  template <class Executor>
-  static void first_attempt(retry_budget& b, const Executor& ex, clock::time_point now) {
-    b.record_first_attempt(ex, now);
-  }
-  static bool try_retry(retry_budget& b, clock::time_point now) { return b.try_retry(now); }
-  static void give_back(retry_budget& b, clock::time_point at) noexcept { b.give_back(at); }
 };
 
 // splitmix64: a deterministic, portable hash of (seed, index). The jitter
@@ -357,7 +176,13 @@ asio::awaitable<T, Executor> retry_loop(backoff p, F fn) {
     }
     // No co_await inside the handler: decide, then wait outside it.
     if (state.cancelled() != asio::cancellation_type::none) std::rethrow_exception(error);
-    if (!p.retry_if(error)) std::rethrow_exception(error);
+    bool again = false;
+    try {
+      again = p.retry_if(error);
+    } catch (...) {
+      throw_callback_failure("sluice::retry: retry_if", error);
+    }
+    if (!again) std::rethrow_exception(error);
     if (attempt + 1 >= p.attempts) std::rethrow_exception(error);
     const auto hint = retry_after_of(error);
     const double u = static_cast<double>(mix(stream + attempt) >> 11) * 0x1.0p-53;  // [0, 1)
@@ -366,6 +191,14 @@ asio::awaitable<T, Executor> retry_loop(backoff p, F fn) {
     if (t - start > p.max_elapsed || wait > p.max_elapsed - (t - start))
       std::rethrow_exception(error);
     if (p.budget && !retry_budget_access::try_retry(*p.budget, t)) std::rethrow_exception(error);
+    if (p.on_retry) {
+      try {
+        p.on_retry(attempt + 1, std::as_const(error), wait);
+      } catch (...) {
+        if (p.budget) retry_budget_access::give_back(*p.budget, t);  // the retry never ran
+        throw;
+      }
+    }
     error = nullptr;  // not kept alive across the wait
     // Saturated, as sleep() does: a hint (or a backoff max) of
     // clock::duration::max() waits until cancelled, it does not wrap.
@@ -405,6 +238,9 @@ asio::awaitable<T, Executor> retry_loop(backoff p, F fn) {
 ///   first attempt started; when `budget` refuses the retry; when the caller
 ///   was cancelled during the attempt. An exception `retry_if` rejects is
 ///   rethrown at once, with no wait.
+/// - `policy.on_retry(attempt, error, delay)`, if set, is called once per
+///   retry, before its wait (see `backoff::on_retry`): the place to log and
+///   count retries.
 /// - Per-Operation Cancellation: the caller's cancellation reaches the
 ///   running attempt through `fn`'s task (as any awaited task); a wait
 ///   between attempts ends at once with `system_error(operation_aborted)` and

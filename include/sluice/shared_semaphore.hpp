@@ -15,6 +15,10 @@
 
 namespace sluice {
 
+namespace detail {
+struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
+}  // namespace detail
+
 /// A counting semaphore that coroutines on any number of threads and
 /// `io_context`s share: a process-wide cap (8 requests in flight across 4
 /// worker threads), where a `sluice::semaphore` per loop would multiply the cap
@@ -37,7 +41,9 @@ namespace sluice {
 ///   (completes successfully, holds the permit), never both and never lost,
 ///   even when a release on another thread races with the cancellation. As
 ///   Asio requires of any operation, request the cancellation from the
-///   waiter's own executor (e.g. a timeout in the same coroutine).
+///   waiter's own executor (e.g. a timeout in the same coroutine). A
+///   coroutine cancelled before it called is refused at once, free permit or
+///   not, holding nothing (as `semaphore`).
 ///   `acquire()` / `scoped_acquire()` also hand on a permit granted after the
 ///   coroutine was cancelled, and throw `operation_aborted`.
 ///
@@ -98,14 +104,22 @@ class shared_semaphore {
   /// Throws `system_error(operation_aborted)` when cancelled (holding
   /// nothing).
   [[nodiscard]] asio::awaitable<void> acquire() {
-    if (core_.try_acquire()) co_return;
     auto state = co_await asio::this_coro::cancellation_state;
-    const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
-    co_await async_acquire(asio::use_awaitable);
-    if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+    detail::refuse_if_cancelled(state, "sluice::shared_semaphore::acquire");
+    if (core_.try_acquire()) co_return;
+    detail::pending_grant grant;  // counted here: a cancelled wait is not a grant
+    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
+        [this, &grant](auto&& handler) {
+          detail::start_shared_wait(core_, std::forward<decltype(handler)>(handler),
+                                    "sluice::shared_semaphore::acquire", &grant);
+        },
+        asio::use_awaitable_t<>{});
+    if (state.cancelled() != asio::cancellation_type::none) {
+      core_.stats_sink().cancelled.fetch_add(1, std::memory_order_relaxed);
       core_.release();  // granted after the cancellation: pass it on
       throw system_error(asio::error::operation_aborted, "sluice::shared_semaphore::acquire");
     }
+    detail::settle_grant(core_.stats_sink(), grant);
   }
 
   /// As `acquire()`, returning a `permit` that releases on destruction.
@@ -144,6 +158,7 @@ class shared_semaphore {
 
  private:
   friend permit;
+  friend struct detail::budget_access;
   void release_held(detail::clock::time_point since) {
     auto& sink = core_.stats_sink();
     sink.end_hold(since);

@@ -11,8 +11,9 @@
 #include <sluice/concepts.hpp>
 #include <sluice/outcome.hpp>
 
-// Fan-out: gather, gather_with_concurrency, map_unordered, as_completed, filter, for_each,
-// and progress reports on them
+// Fan-out: gather, gather_with_concurrency, map_unordered (also by key), as_completed, filter,
+// for_each, and progress reports on them
+#include <sluice/by_key.hpp>
 #include <sluice/filter.hpp>
 #include <sluice/for_each.hpp>
 #include <sluice/gather.hpp>
@@ -35,18 +36,33 @@
 #include <sluice/task_group.hpp>
 #include <sluice/to_thread.hpp>
 
-// Limits that protect a provider: per key, per time window, deduplication, retries, adaptive,
-// several budgets at once
+// Limits that protect a provider: per key, fair shares between keys, per time window,
+// deduplication, retries, adaptive, several budgets at once
 #include <sluice/acquire_all.hpp>
+#include <sluice/adaptive_algorithms.hpp>
 #include <sluice/adaptive_limit.hpp>
+#include <sluice/fair_semaphore.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/retry.hpp>
+#include <sluice/retry_budget.hpp>
+#include <sluice/retryable.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/token_bucket.hpp>
 
-// Operating it: what every limit has done and is doing
+// Call policies: the layers around a provider call, composed in one value
+#include <sluice/breaker.hpp>
+#include <sluice/hedge.hpp>
+#include <sluice/limits.hpp>
+#include <sluice/overloaded_error.hpp>
+#include <sluice/policy.hpp>
+#include <sluice/retry_layer.hpp>
+#include <sluice/shed.hpp>
+#include <sluice/timeout_layer.hpp>
+
+// Operating it: what every limit has done and is doing, and its Prometheus text
+#include <sluice/prometheus.hpp>
 #include <sluice/stats.hpp>
 
 // Time, timeouts and deadlines

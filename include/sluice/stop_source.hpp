@@ -84,8 +84,13 @@ class stop_source {
 
   /// Requests the stop: every group registered now is stopped gracefully,
   /// with `grace` to let its running children finish (zero: they are
-  /// cancelled at once). Throws `std::invalid_argument` for a negative grace.
-  void request(clock::duration grace = clock::duration::zero()) {
+  /// cancelled at once). `grace` is any `std::chrono::duration`, saturated
+  /// instead of overflowing: `max()` lets them run until they finish (under
+  /// `sluice::testing::virtual_loop` that grace never ends on its own).
+  /// Throws `std::invalid_argument` for a negative grace.
+  template <class Rep, class Period>
+  void request(std::chrono::duration<Rep, Period> grace_in) {
+    const clock::duration grace = detail::saturate(grace_in);
     if (grace < clock::duration::zero())
       throw std::invalid_argument("sluice::stop_source::request: negative grace");
     if (!grace_ || grace < *grace_) grace_ = grace;
@@ -95,6 +100,10 @@ class stop_source {
       l = next;
     }
   }
+
+  /// As `request(grace)` with no grace: the running children are cancelled
+  /// at once.
+  void request() { request(clock::duration::zero()); }
 
   /// True once `request` was called.
   [[nodiscard]] bool stop_requested() const noexcept { return grace_.has_value(); }

@@ -4,105 +4,21 @@
 
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
+#include <sluice/detail/strand_calls.hpp>
 #include <sluice/detail/strand_hop.hpp>
+#include <sluice/detail/strand_permit.hpp>
 
 #include <sluice/detail/asio.hpp>
 
 #include <concepts>
+#include <cstddef>
+#include <memory>
 #include <optional>
 #include <system_error>
 #include <type_traits>
 #include <utility>
 
 namespace sluice {
-
-/// A permit of a limit that lives on a strand (`strand_bound<L>::scoped_acquire`):
-/// move-only; its release is posted to the limit's strand, so it may be
-/// dropped on any thread.
-///
-/// `P` is the limit's own permit (`semaphore::permit`, `lock::guard`,
-/// `keyed_semaphore<K>::permit`, `adaptive_limit::permit`, ...). `get()` gives
-/// read access to it for members that only read the permit itself (`key()` of
-/// a keyed permit); a member that touches the limit (`adaptive_limit`'s
-/// outcome reports) goes through `release_with(f)`, or `succeeded()`,
-/// `throttled()`, `dropped()` where `P` has them.
-///
-/// Lifetimes: the `strand_bound` must outlive its permits, and the strand's
-/// loop must still run when the last one is dropped (a release posted to a
-/// loop that never runs it again is destroyed with the loop, where it releases
-/// as the loop shuts down).
-template <class P>
-class strand_permit {
- public:
-  /// An empty permit that owns nothing.
-  strand_permit() noexcept = default;
-  /// Takes over `inner`, a permit of the limit that lives on `strand`. Called
-  /// on the strand.
-  strand_permit(asio::any_io_executor strand, P inner) noexcept
-      : strand_(std::move(strand)), inner_(std::move(inner)) {}
-  /// Takes over `other`'s ownership; `other` is left empty.
-  strand_permit(strand_permit&& other) noexcept
-      : strand_(other.strand_), inner_(std::move(other.inner_)) {}
-  /// Releases what this owns (posted), then takes over `other`'s ownership.
-  strand_permit& operator=(strand_permit&& other) noexcept {
-    if (this != &other) {
-      reset();
-      strand_ = other.strand_;
-      inner_ = std::move(other.inner_);
-    }
-    return *this;
-  }
-  ~strand_permit() { reset(); }
-
-  /// True while it owns a permit.
-  explicit operator bool() const noexcept { return static_cast<bool>(inner_); }
-
-  /// Releases the permit now, from any thread: the release is posted to the
-  /// limit's strand (no-op when empty).
-  void reset() noexcept {
-    if (!inner_) return;
-    asio::post(strand_, [p = std::move(inner_)]() mutable { P dropped(std::move(p)); });
-  }
-
-  /// Runs `f(P&)` on the limit's strand with the permit, then releases it
-  /// there: for the members of `P` that touch the limit. Posted; returns at
-  /// once (no-op when empty). What `f` throws is thrown on the strand, out of
-  /// the `run()` of the thread that runs it.
-  template <class F>
-  requires std::invocable<F&, P&>
-  void release_with(F f) {
-    if (!inner_) return;
-    asio::post(strand_, [p = std::move(inner_), f = std::move(f)]() mutable {
-      P last(std::move(p));
-      f(last);
-    });
-  }
-
-  /// `adaptive_limit::permit`: reports the call's outcome on the limit's
-  /// strand and releases (the latency it feeds the algorithm runs from the
-  /// grant on the strand to this report there, so it includes the hop).
-  void succeeded() requires requires(P& p) { p.succeeded(); }
-  {
-    release_with([](P& p) { p.succeeded(); });
-  }
-  /// As `succeeded()`, for a throttle.
-  void throttled() requires requires(P& p) { p.throttled(); }
-  {
-    release_with([](P& p) { p.throttled(); });
-  }
-  /// As `succeeded()`, for a timeout or a drop.
-  void dropped() requires requires(P& p) { p.dropped(); }
-  {
-    release_with([](P& p) { p.dropped(); });
-  }
-
-  /// The limit's own permit, for reading it (see the class comment).
-  [[nodiscard]] const P& get() const noexcept { return inner_; }
-
- private:
-  asio::any_io_executor strand_;
-  P inner_;
-};
 
 /// Makes a loop-affine limit `L` callable from any thread or strand: the limit
 /// lives on a strand of its own, and every call goes there. It is how the
@@ -133,6 +49,9 @@ class strand_permit {
 ///   each result is one consistent reading of the limit.
 /// - `visit(f)`: runs `f(L&)` on the strand and returns its result: any other
 ///   member of `L`, or several readings taken at one instant.
+/// - `weighted(n)` (rate limiters): n units as a budget of
+///   `sluice::acquire_all`, which takes a `strand_bound` of a `semaphore`,
+///   `bounded_semaphore`, `adaptive_limit`, `rate_limiter` or `token_bucket`.
 ///
 /// What resumes where, and the cost. A caller already on the limit's strand
 /// calls `L` directly (no hop). Any other caller makes two hops per call: the
@@ -155,8 +74,10 @@ class strand_permit {
 /// (the window never admits more than its quota; at worst one start goes
 /// unused), and `run`'s result is dropped. A caller whose cancellation was
 /// requested before it called throws at the `co_await` (Asio's
-/// `throw_if_cancelled`) and takes nothing; with `throw_if_cancelled(false)`
-/// it calls, and that call ignores the earlier cancellation, as for `L`.
+/// `throw_if_cancelled`); with `throw_if_cancelled(false)` every member that
+/// waits or takes (`acquire`, `scoped_acquire`, `try_acquire`, `run`) throws
+/// `operation_aborted` at once, before any hop, taking nothing; `visit` and
+/// the diagnostics still read.
 ///
 /// `single_flight`: `fn()` is called on the limit's strand, by the first
 /// caller's call there (while that caller waits), and the shared work runs as
@@ -176,8 +97,14 @@ class strand_permit {
 /// over-release) throws on the strand, out of the `run()` of the thread that
 /// runs it, as any Asio handler that throws does: a programming error, loud.
 ///
-/// Lifetimes: the `strand_bound` must outlive every call and every permit; its
-/// destruction destroys `L` on the destroying thread (no call may be running).
+/// Lifetimes: the `strand_bound` should outlive every call and every permit;
+/// its destruction destroys `L` on the destroying thread (no call may be
+/// running then), which ends `L`'s waits with `operation_aborted`. Destroyed
+/// first anyway (an `io_context` declared before it, with calls pending),
+/// nothing dangles: everything it posted or handed to a call reaches `L`
+/// through a weak reference, so a grant handed on afterwards, a `release`
+/// posted earlier and a `strand_permit` dropped later do nothing, and a call
+/// that reaches the strand afterwards throws `operation_aborted`.
 /// Arguments are copied into the call. A caller's loop may die first (an
 /// `io_context` of its own, destroyed while its call waits on the limit's
 /// strand): the caller's frame is destroyed with that loop, the wait on the
@@ -203,6 +130,7 @@ class strand_bound {
   };
   template <class T, class... A>
   using dependent_t = typename dependent<T, A...>::type;
+  using state = detail::strand_state<L>;
 
  public:
   /// The limit's type.
@@ -214,13 +142,13 @@ class strand_bound {
   requires(asio::execution::is_executor<Executor>::value ||
            asio::is_executor<Executor>::value) explicit strand_bound(const Executor& strand,
                                                                      Args&&... args)
-      : strand_(strand), limit_(make_limit(strand_, std::forward<Args>(args)...)) {}
+      : s_(std::make_shared<state>(asio::any_io_executor(strand), std::forward<Args>(args)...)) {}
 
   strand_bound(const strand_bound&) = delete;
   strand_bound& operator=(const strand_bound&) = delete;
 
   /// The strand the limit lives on.
-  [[nodiscard]] const asio::any_io_executor& get_executor() const noexcept { return strand_; }
+  [[nodiscard]] const asio::any_io_executor& get_executor() const noexcept { return s_->strand; }
 
   /// `L::acquire(args...)` on the strand. Throws what it throws, and
   /// `system_error(operation_aborted)` when cancelled (see the class comment).
@@ -229,19 +157,19 @@ class strand_bound {
     { l.acquire(a...) } -> std::same_as<asio::awaitable<void>>;
   }
   [[nodiscard]] asio::awaitable<void> acquire(Args... args) {
-    auto make = [this, args...] {
-      return limit_.acquire(args...);
+    auto make = [w = weak(), args...] {
+      return detail::lock_state(w)->limit.acquire(args...);
     };
-    auto pass_on = [this, args...] {
-      give_back(args...);
+    auto pass_on = [w = weak(), args...] {
+      give_back(w, args...);
     };
     if constexpr (requires(L & l) {
                     { l.try_acquire(args...) } -> std::same_as<bool>;
                   }) {
       // The free case costs no coroutine on the strand: L's own acquire()
       // takes that path first too (no barging: it fails while others wait).
-      auto fast = [this, args...] {
-        return limit_.try_acquire(args...);
+      auto fast = [w = weak(), args...] {
+        return detail::lock_state(w)->limit.try_acquire(args...);
       };
       return call<void>(std::move(make), std::move(pass_on), std::move(fast));
     } else {
@@ -257,9 +185,10 @@ class strand_bound {
   }
   [[nodiscard]] auto scoped_acquire(Args... args) -> asio::awaitable<strand_permit<
       task_result_t<decltype(std::declval<dependent_t<L, Args...>&>().scoped_acquire(args...))>>> {
-    using permit = strand_permit<task_result_t<decltype(limit_.scoped_acquire(args...))>>;
-    auto make = [this, args...] {
-      return wrap_permit(strand_, limit_.scoped_acquire(args...));
+    using permit = strand_permit<task_result_t<decltype(s_->limit.scoped_acquire(args...))>>;
+    auto make = [w = weak(), args...] {
+      auto s = detail::lock_state(w);
+      return detail::wrap_permit(s->strand, w, s->limit.scoped_acquire(args...));
     };
     return call<permit>(std::move(make), [](permit) {});
   }
@@ -269,25 +198,21 @@ class strand_bound {
   template <class... Args>
   requires requires(L& l, Args... a) { l.try_acquire(a...); }
   [[nodiscard]] auto try_acquire(Args... args) {
-    using inner = decltype(limit_.try_acquire(args...));
+    using inner = decltype(s_->limit.try_acquire(args...));
     if constexpr (std::is_same_v<inner, bool>) {
-      auto make = [this, args...] {
-        return try_on_strand(limit_, args...);
+      auto make = [w = weak(), args...] {
+        return detail::try_on_strand(detail::lock_state(w)->limit, args...);
       };
-      auto pass_on = [this, args...](bool took) {
-        if (took) give_back(args...);
+      auto pass_on = [w = weak(), args...](bool took) {
+        if (took) give_back(w, args...);
       };
       return call<bool>(std::move(make), std::move(pass_on));
-    } else if constexpr (is_optional<inner>::value) {
-      using result = std::optional<strand_permit<typename inner::value_type>>;
-      auto make = [this, args...] {
-        return try_permit_on_strand<result>(strand_, limit_, args...);
-      };
-      return call<result>(std::move(make), [](result) {});
-    } else {  // a permit that is empty when nothing was taken (adaptive_limit)
-      using result = strand_permit<inner>;
-      auto make = [this, args...] {
-        return try_permit_on_strand<result>(strand_, limit_, args...);
+    } else {
+      // an optional permit, or a permit that is empty when nothing was taken
+      using result = typename detail::strand_try_result<inner>::type;
+      auto make = [w = weak(), args...] {
+        auto s = detail::lock_state(w);
+        return detail::try_permit_on_strand<result>(s->strand, w, s->limit, args...);
       };
       return call<result>(std::move(make), [](result) {});
     }
@@ -297,8 +222,16 @@ class strand_bound {
   /// throws is thrown there (see the class comment).
   template <class... Args>
   requires requires(L& l, Args... a) { l.release(a...); }
-  void release(Args... args) {
-    asio::post(strand_, [this, args...] { limit_.release(args...); });
+  void release(Args... args) { post_release(weak(), args...); }
+
+  /// `n` units of a `strand_bound<rate_limiter>` / `<token_bucket>` as a
+  /// budget of `sluice::acquire_all` (`tpm.weighted(tokens)`). Throws
+  /// `std::invalid_argument` for an `n` the limiter could never grant.
+  template <class T = L>
+  requires requires(T& l, std::size_t n) { l.weighted(n); }
+  [[nodiscard]] detail::strand_units<T> weighted(std::size_t n) {
+    static_cast<void>(s_->limit.weighted(n));  // checks n against the quota only
+    return {this, n};
   }
 
   /// `L::run(args...)` on the strand (`single_flight::run(key, fn)`: see the
@@ -310,9 +243,9 @@ class strand_bound {
   }
   [[nodiscard]] auto run(Args... args) -> asio::awaitable<
       task_result_t<decltype(std::declval<dependent_t<L, Args...>&>().run(args...))>> {
-    using result = task_result_t<decltype(limit_.run(args...))>;
-    auto make = [this, ... a = std::move(args)]() mutable {
-      return limit_.run(std::move(a)...);
+    using result = task_result_t<decltype(s_->limit.run(args...))>;
+    auto make = [w = weak(), ... a = std::move(args)]() mutable {
+      return detail::lock_state(w)->limit.run(std::move(a)...);
     };
     if constexpr (std::is_void_v<result>) {
       return call<void>(std::move(make), [] {});
@@ -323,18 +256,21 @@ class strand_bound {
 
   /// Runs `f(L&)` on the strand and returns its result on the caller's
   /// executor: a consistent reading of several diagnostics, or any member of
-  /// `L` that does not wait. `f` is copied into the call.
+  /// `L` that does not wait. `f` is copied into the call. Unlike the waits,
+  /// it runs for a caller whose cancellation was requested before it called.
   template <class F>
   requires std::invocable<F&, L&>
   [[nodiscard]] asio::awaitable<std::invoke_result_t<F&, L&>> visit(F f) {
     using result = std::invoke_result_t<F&, L&>;
-    auto make = [this, f = std::move(f)]() mutable {
-      return invoke_on_strand<result>(limit_, f);
+    auto make = [w = weak(), f = std::move(f)]() mutable {
+      return detail::invoke_on_strand<result>(detail::lock_state(w)->limit, f);
     };
     if constexpr (std::is_void_v<result>) {
-      return call<void>(std::move(make), [] {});
+      return call<void>(
+          std::move(make), [] {}, detail::no_fast_path{}, false);
     } else {
-      return call<result>(std::move(make), [](result) {});
+      return call<result>(
+          std::move(make), [](result) {}, detail::no_fast_path{}, false);
     }
   }
 
@@ -383,81 +319,47 @@ class strand_bound {
 
   /// The limit itself, unsynchronised: only on the strand, before any call,
   /// or after every thread left the loop (reading the counts in a test).
-  [[nodiscard]] L& underlying() noexcept { return limit_; }
+  [[nodiscard]] L& underlying() noexcept { return s_->limit; }
   /// As above, read-only.
-  [[nodiscard]] const L& underlying() const noexcept { return limit_; }
+  [[nodiscard]] const L& underlying() const noexcept { return s_->limit; }
 
  private:
+  friend struct detail::strand_access;
+
+  std::weak_ptr<state> weak() const noexcept { return s_; }
+
+  template <class... Args>
+  static void post_release(std::weak_ptr<state> w, const Args&... args) {
+    auto s = w.lock();
+    if (!s) return;  // the limit is gone, and what it granted with it
+    asio::post(s->strand, [w = std::move(w), args...] {
+      if (auto l = w.lock()) l->limit.release(args...);
+    });
+  }
+
   // Passes on what acquire(args...) took: release(args...) where L has it;
   // a limit without one (a rate limiter's start) keeps it.
   template <class... Args>
-  void give_back(const Args&... args) {
+  static void give_back(const std::weak_ptr<state>& w, const Args&... args) {
     if constexpr (requires(L & l) { l.release(args...); }) {
-      release(args...);
+      post_release(w, args...);
     } else {
       (static_cast<void>(args), ...);
-    }
-  }
-
-  template <class... Args>
-  static L make_limit(const asio::any_io_executor& strand, Args&&... args) {
-    if constexpr (std::is_constructible_v<L, const asio::any_io_executor&, Args&&...>) {
-      return L(strand, std::forward<Args>(args)...);
-    } else {
-      return L(std::forward<Args>(args)...);
-    }
-  }
-
-  template <class P, class A>
-  static asio::awaitable<strand_permit<P>> wrap_permit_impl(asio::any_io_executor strand, A a) {
-    co_return strand_permit<P>(std::move(strand), co_await std::move(a));
-  }
-  template <class A>
-  static auto wrap_permit(asio::any_io_executor strand, A a) {
-    return wrap_permit_impl<task_result_t<A>>(std::move(strand), std::move(a));
-  }
-
-  template <class... Args>
-  static asio::awaitable<bool> try_on_strand(L& l, Args... args) {
-    co_return l.try_acquire(args...);
-  }
-
-  template <class T>
-  struct is_optional : std::false_type {};
-  template <class T>
-  struct is_optional<std::optional<T>> : std::true_type {};
-
-  template <class Result, class... Args>
-  static asio::awaitable<Result> try_permit_on_strand(asio::any_io_executor strand, L& l,
-                                                      Args... args) {
-    auto p = l.try_acquire(args...);
-    if constexpr (is_optional<Result>::value) {
-      if (!p) co_return std::nullopt;
-      co_return Result(std::in_place, std::move(strand), std::move(*p));
-    } else {
-      if (!p) co_return Result{};
-      co_return Result(std::move(strand), std::move(p));
-    }
-  }
-
-  template <class R, class F>
-  static asio::awaitable<R> invoke_on_strand(L& l, F& f) {
-    if constexpr (std::is_void_v<R>) {
-      f(l);
-      co_return;
-    } else {
-      co_return f(l);
     }
   }
 
   // Runs make() (an awaitable of L's, made on the strand) for the caller:
   // directly when the caller is on the strand, else through detail::hop. A
   // result granted before a cancellation reached the strand is handed to
-  // pass_on() (posted back to the strand) and operation_aborted is thrown.
+  // pass_on() (posted back to the strand) and operation_aborted is thrown. A
+  // wait (`refuse`) refuses a caller cancelled before it called, at once.
   template <class R, class Make, class PassOn, class Fast = detail::no_fast_path>
-  asio::awaitable<R> call(Make make, PassOn pass_on, Fast fast = {}) {
+  asio::awaitable<R> call(Make make, PassOn pass_on, Fast fast = {}, bool refuse = true) {
+    const auto cs = co_await asio::this_coro::cancellation_state;
+    if (refuse && cs.cancelled() != asio::cancellation_type::none)
+      throw system_error(asio::error::operation_aborted, "sluice::strand_bound");
     const asio::any_io_executor ex = co_await asio::this_coro::executor;
-    if (ex == strand_) {
+    if (ex == s_->strand) {
       if constexpr (std::is_void_v<R>) {
         co_await make();
         co_return;
@@ -465,20 +367,19 @@ class strand_bound {
         co_return co_await make();
       }
     }
-    const auto state = co_await asio::this_coro::cancellation_state;
-    const bool cancelled_before = state.cancelled() != asio::cancellation_type::none;
+    const bool cancelled_before = cs.cancelled() != asio::cancellation_type::none;
     // Named, not a temporary of the co_await expression (g++ 12). A copy of
     // pass_on hands on a grant whose caller's loop died meanwhile.
-    auto hop = detail::hop<R>(strand_, std::move(make), pass_on, std::move(fast));
+    auto hop = detail::hop<R>(s_->strand, std::move(make), pass_on, std::move(fast));
     if constexpr (std::is_void_v<R>) {
       co_await std::move(hop);
-      if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+      if (!cancelled_before && cs.cancelled() != asio::cancellation_type::none) {
         pass_on();
         throw system_error(asio::error::operation_aborted, "sluice::strand_bound");
       }
     } else {
       R r = co_await std::move(hop);
-      if (!cancelled_before && state.cancelled() != asio::cancellation_type::none) {
+      if (!cancelled_before && cs.cancelled() != asio::cancellation_type::none) {
         pass_on(std::move(r));
         throw system_error(asio::error::operation_aborted, "sluice::strand_bound");
       }
@@ -486,8 +387,7 @@ class strand_bound {
     }
   }
 
-  asio::any_io_executor strand_;
-  L limit_;
+  std::shared_ptr<state> s_;
 };
 
 }  // namespace sluice

@@ -5,8 +5,8 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/child_set.hpp>
-#include <sluice/detail/completion.hpp>
-#include <sluice/detail/loop_service.hpp>
+#include <sluice/detail/nursery.hpp>
+#include <sluice/detail/producer_queue.hpp>
 #include <sluice/progress.hpp>
 #include <sluice/stop_source.hpp>
 #include <sluice/time.hpp>
@@ -20,7 +20,6 @@
 #include <functional>
 #include <iterator>
 #include <limits>
-#include <list>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -120,7 +119,9 @@ concept task_group_body = std::invocable<F&, task_group&> &&
 /// });   // every page crawled, or the first error after everything stopped
 /// @endcode
 class task_group final : public std::enable_shared_from_this<task_group>,
+                         private detail::nursery<task_group>,
                          private detail::stop_listener {
+  friend class detail::nursery<task_group>;
   struct key {};
   using hooks_ptr = std::unique_ptr<detail::progress_hooks>;
 
@@ -221,7 +222,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
       start(std::move(child));
       co_return true;
     }
-    co_return co_await wait_ready(std::move(child));
+    co_return co_await ready_.wait(ex_, std::move(child));
   }
 
   /// Children accepted and not yet finished: running plus waiting for a slot.
@@ -237,27 +238,14 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   [[nodiscard]] std::size_t producers_waiting() const noexcept { return ready_.size(); }
 
   /// Made only by `run`.
-  task_group(key, asio::any_io_executor ex, std::size_t limit) : ex_(std::move(ex)), limit_(limit) {
+  task_group(key, asio::any_io_executor ex, std::size_t limit)
+      : nursery(std::move(ex)), limit_(limit) {
     affinity_.bind(ex_);
   }
   task_group(const task_group&) = delete;
   task_group& operator=(const task_group&) = delete;
 
  private:
-  // One running coroutine (the body or a child) and its cancellation signal.
-  // Nodes live in a std::list: signals never move, erasure is O(1).
-  struct node {
-    asio::cancellation_signal signal;
-    bool is_body = false;
-  };
-  using node_iter = std::list<node>::iterator;
-
-  struct done_handler {
-    std::shared_ptr<task_group> self;
-    node_iter it;
-    void operator()(std::exception_ptr e) const { self->on_done(it, e); }
-  };
-
   static void check_limit(std::size_t limit) {
     if (limit == 0)
       throw std::invalid_argument("sluice::task_group::run: limit must be at least 1 (got 0)");
@@ -318,44 +306,6 @@ class task_group final : public std::enable_shared_from_this<task_group>,
 
   [[nodiscard]] bool accepting() const noexcept { return !stopping_ && !draining_; }
 
-  // A producer in spawn_when_ready: its child (not started) and its handler.
-  struct ready_waiter {
-    asio::awaitable<void> child;
-    detail::erased_handler<error_code, bool> handler;
-  };
-  using ready_iter = std::list<ready_waiter>::iterator;
-
-  asio::awaitable<bool> wait_ready(asio::awaitable<void> child) {
-    return asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code, bool)>(
-        [this](auto handler, asio::awaitable<void> c) {
-          ready_.push_back(ready_waiter{std::move(c), {}});
-          auto it = std::prev(ready_.end());
-          auto slot = asio::get_associated_cancellation_slot(handler);
-          if (slot.is_connected()) {
-            slot.assign([this, it](asio::cancellation_type type) {
-              if (type == asio::cancellation_type::none) return;
-              // Not granted yet (a granted waiter's slot is cleared first):
-              // remove it. The handler is completed from a post, never from
-              // inside its own slot's handler.
-              auto h = std::move(it->handler);
-              ready_.erase(it);  // the child is destroyed unstarted
-              asio::post(ex_, [h = std::move(h)]() mutable {
-                h.complete(asio::error::operation_aborted, false);
-              });
-            });
-          }
-          it->handler = detail::erased_handler<error_code, bool>(std::move(handler), ex_);
-        },
-        asio::use_awaitable, std::move(child));
-  }
-
-  // Resumes every waiting producer with false; their children never start.
-  void refuse_ready() {
-    auto refused = std::move(ready_);
-    ready_.clear();
-    for (auto& w : refused) w.handler.complete(error_code(), false);
-  }
-
   // Fills free slots: queued children first, then waiting producers.
   void fill_slots() {
     while (accepting() && running_ < limit_ && !waiting_.empty()) {
@@ -364,10 +314,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
       start(std::move(next));
     }
     while (accepting() && running_ < limit_ && waiting_.empty() && !ready_.empty()) {
-      auto w = std::move(ready_.front());
-      ready_.pop_front();
-      w.handler.complete(error_code(), true);  // clears its slot, posts
-      start(std::move(w.child));
+      start(ready_.grant_front());
     }
   }
 
@@ -382,8 +329,8 @@ class task_group final : public std::enable_shared_from_this<task_group>,
       auto dropped = std::move(waiting_);  // never started
       waiting_.clear();
       if (progress_) progress_->waiting(0);
-      refuse_ready();
-      if (body_) (*body_)->signal.emit(asio::cancellation_type::terminal);
+      ready_.refuse_all();
+      cancel_body();
     }
     if (running_ == 0) return;
     if (grace <= clock::duration::zero()) {
@@ -424,18 +371,8 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   // Counted before it runs: a child that ends without suspending ends inside launch().
   void start(asio::awaitable<void> child) {
     if (progress_) progress_->started(waiting_.size());
+    ++running_;
     launch(std::move(child), false);
-  }
-
-  void launch(asio::awaitable<void> a, bool is_body) {
-    nodes_.emplace_back();
-    auto it = std::prev(nodes_.end());
-    it->is_body = is_body;
-    if (is_body) body_ = it;
-    if (!is_body) ++running_;
-    asio::co_spawn(
-        ex_, std::move(a),
-        asio::bind_cancellation_slot(it->signal.slot(), done_handler{shared_from_this(), it}));
   }
 
   // Begins to stop: drops the waiting children unstarted and cancels every
@@ -445,76 +382,35 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     stopping_ = true;
     auto dropped = std::move(waiting_);  // destroyed unstarted at scope exit
     waiting_.clear();
-    refuse_ready();
-    for (auto it = nodes_.begin(); it != nodes_.end();) {
-      auto next = std::next(it);
-      it->signal.emit(asio::cancellation_type::terminal);
-      it = next;
-    }
+    ready_.refuse_all();
+    cancel_running();
   }
 
   // The caller was cancelled: stop, and report operation_aborted after the join.
   void cancel_from_parent() {
-    parent_cancelled_ = true;
+    parent_cancelled();
     stop();
   }
 
   void fail(std::exception_ptr e) {
     // What a stop request cancelled ends with operation_aborted: not an error.
     if (quiet_abort_ && is_aborted(e)) return;
-    if (!first_error_ && !parent_cancelled_) first_error_ = std::move(e);
+    if (!first_error_ && !was_parent_cancelled()) first_error_ = std::move(e);
     stop();
   }
 
-  void on_done(node_iter it, std::exception_ptr e) {
-    it->signal.slot().clear();
-    const bool child = !it->is_body;
-    if (child) {
-      --running_;
-    } else {
-      body_.reset();
-    }
-    nodes_.erase(it);
+  // A child or the body finished (its node is gone already).
+  void on_finished(bool child, std::exception_ptr e) {
+    if (child) --running_;
     if (child && progress_) progress_->ended(e != nullptr, waiting_.size(), false);
     if (e) fail(std::move(e));
     fill_slots();
     if (child && progress_) progress_->tick();  // after the freed slot was refilled
-    if (nodes_.empty() && joiner_) {
-      joiner_.complete(parent_cancelled_ ? error_code(asio::error::operation_aborted)
-                                         : error_code());
-    }
   }
 
-  // Waits until the body and every child have finished: void(error_code). A
-  // cancelled waiter stops the group and still waits for all of it, then
-  // completes with operation_aborted.
-  template <class Token>
-  auto async_join(Token&& token) {
-    return asio::async_initiate<Token, void(error_code)>(
-        [this](auto handler) {
-          if (nodes_.empty()) {
-            detail::post_completion(
-                std::move(handler), ex_,
-                parent_cancelled_ ? error_code(asio::error::operation_aborted) : error_code());
-            return;
-          }
-          auto slot = asio::get_associated_cancellation_slot(handler);
-          if (slot.is_connected()) {
-            slot.assign([this](asio::cancellation_type type) {
-              if (type != asio::cancellation_type::none) cancel_from_parent();
-            });
-          }
-          joiner_.hold(std::move(handler), ex_);
-        },
-        token);
-  }
-
-  asio::any_io_executor ex_;
   std::size_t limit_;
-  std::list<node> nodes_;                      // the body and the running children
   std::deque<asio::awaitable<void>> waiting_;  // accepted, not started (FIFO)
-  std::list<ready_waiter> ready_;              // producers in spawn_when_ready (FIFO)
-  std::optional<node_iter> body_;              // the body's node while it runs
+  detail::producer_queue ready_;               // producers in spawn_when_ready (FIFO)
   std::size_t running_ = 0;                    // running children (not the body)
   bool stopping_ = false;                      // cancelling everything
   bool draining_ = false;                      // a stop request: no new children
@@ -522,9 +418,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   std::optional<clock::time_point> grace_deadline_;
   std::shared_ptr<detail::child_set> grace_;  // the grace timer, once a stop asked for one
   hooks_ptr progress_;
-  bool parent_cancelled_ = false;
   std::exception_ptr first_error_;
-  detail::loop_held_handler<error_code> joiner_;  // let go if its loop dies first
   [[no_unique_address]] detail::affinity affinity_;
 };
 

@@ -17,6 +17,14 @@ namespace sluice {
 /// type carries virtual time.
 using clock = detail::clock;  // std::chrono::steady_clock
 
+/// A `clock::duration` (derived from it) constructible from any
+/// `std::chrono::duration`, saturated to the clock's range instead of
+/// overflowing: the type of the duration fields of sluice's option structs
+/// (`backoff`, `retry_after`, ...), so `.max = std::chrono::hours::max()`
+/// means "forever". Functions taking a duration are templates that saturate
+/// in the same way.
+using saturating_duration = detail::saturating_duration;
+
 namespace detail {
 
 // One virtual sleep: a node in the virtual clock's heap that owns the handler.
@@ -96,10 +104,14 @@ template <class Executor>
 namespace detail {
 
 // Waits until `deadline` on `ex`, in virtual time when `v` is the context's
-// virtual clock, on an asio::steady_timer otherwise.
+// virtual clock, on an asio::steady_timer otherwise. Every sluice wait on time
+// starts here: a caller whose cancellation was already requested is refused
+// at once. A deadline of time_point::max() (a saturated "forever") never
+// fires: only a cancellation ends the wait.
 template <class Executor>
 asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_service* v,
                                            clock::time_point deadline) {
+  refuse_if_cancelled(co_await asio::this_coro::cancellation_state, "sluice::sleep");
   if (v) {
     // Named, not a temporary of the co_await expression: g++ 12 destroys such
     // temporaries twice, which over-releases a ref-counted executor (a strand).
@@ -139,21 +151,34 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
   co_await detail::wait_until(ex, detail::find_virtual_clock(ex), deadline);
 }
 
-/// Waits for `duration` on the clock of the awaiting coroutine's executor (see
-/// `sleep_until`). A zero or negative duration still yields once to the loop;
-/// a deadline past the clock's range saturates (`clock::duration::max()`
-/// sleeps until cancelled).
-///
-/// @code
-/// co_await sluice::sleep(std::chrono::milliseconds(200));
-/// @endcode
-[[nodiscard]] inline asio::awaitable<void> sleep(clock::duration duration) {
+namespace detail {
+
+inline asio::awaitable<void> sleep_for(clock::duration duration) {
   auto ex = co_await asio::this_coro::executor;
   auto* v = detail::find_virtual_clock(ex);
   // Computed outside the co_await: g++ 12 miscompiles a ?: in a co_await operand.
   // Saturated: sleep(clock::duration::max()) sleeps forever, it does not wrap.
   const clock::time_point deadline = detail::add_saturating(v ? v->now() : clock::now(), duration);
   co_await detail::wait_until(ex, v, deadline);
+}
+
+}  // namespace detail
+
+/// Waits for `duration` on the clock of the awaiting coroutine's executor (see
+/// `sleep_until`). A zero or negative duration still yields once to the loop.
+/// Any `std::chrono::duration` is taken and saturates instead of overflowing:
+/// `std::chrono::hours::max()`, like `clock::duration::max()` or a deadline
+/// past the clock's range, sleeps until cancelled (under
+/// `sluice::testing::virtual_loop` such a wait never fires: with nothing else
+/// to run, the loop reports the deadlock). A caller whose cancellation was
+/// already requested is refused at once with `operation_aborted`.
+///
+/// @code
+/// co_await sluice::sleep(std::chrono::milliseconds(200));
+/// @endcode
+template <class Rep, class Period>
+[[nodiscard]] asio::awaitable<void> sleep(std::chrono::duration<Rep, Period> duration) {
+  return detail::sleep_for(detail::saturate(duration));
 }
 
 }  // namespace sluice

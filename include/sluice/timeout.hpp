@@ -165,6 +165,8 @@ clock::time_point deadline_after(const Executor& ex, clock::duration d) {
 ///   `timeout_error` passes through the outer call as any other exception.
 /// - Runs `op` as a child coroutine on the caller's executor; `op` must not
 ///   outlive what it references (it never outlives the call).
+/// - `limit`: any `std::chrono::duration`, saturated instead of overflowing
+///   (`std::chrono::hours::max()` or a thousand years means no deadline).
 ///
 /// @code
 /// try {
@@ -173,9 +175,10 @@ clock::time_point deadline_after(const Executor& ex, clock::duration d) {
 ///   // fetch_profile was cancelled and has finished
 /// }
 /// @endcode
-template <class T, class Executor>
-[[nodiscard]] asio::awaitable<T, Executor> with_timeout(clock::duration limit,
+template <class Rep, class Period, class T, class Executor>
+[[nodiscard]] asio::awaitable<T, Executor> with_timeout(std::chrono::duration<Rep, Period> d,
                                                         asio::awaitable<T, Executor> op) {
+  const clock::duration limit = detail::saturate(d);
   auto ex = co_await asio::this_coro::executor;
   const clock::time_point deadline = detail::deadline_after(ex, limit);
   std::optional<detail::gather_value_t<T>> slot;
@@ -201,8 +204,9 @@ struct deadline_t {
 /// A time limit for a settling fan-out that keeps what finished:
 /// `sluice::gather(tasks, sluice::return_exceptions, sluice::deadline(3s))`.
 /// The limit counts from when the call is first awaited.
-[[nodiscard]] constexpr deadline_t deadline(clock::duration limit) noexcept {
-  return deadline_t{limit};
+template <class Rep, class Period>
+[[nodiscard]] constexpr deadline_t deadline(std::chrono::duration<Rep, Period> limit) noexcept {
+  return deadline_t{detail::saturate(limit)};
 }
 
 namespace detail {

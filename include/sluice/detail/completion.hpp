@@ -15,6 +15,28 @@
 
 namespace sluice::detail {
 
+// True if `handler` resumes a coroutine whose cancellation was requested
+// before the call (a caller that runs on with throw_if_cancelled(false)).
+// Asio's coroutine handler exposes its coroutine's cancellation state; a
+// cancellation slot cannot say whether it was already emitted, so other
+// handlers (callbacks, futures) are never taken for cancelled.
+template <class Handler>
+bool cancel_requested(const Handler& handler) noexcept {
+  if constexpr (requires { handler.get_cancellation_state().cancelled(); }) {
+    return handler.get_cancellation_state().cancelled() != asio::cancellation_type::none;
+  } else {
+    return false;
+  }
+}
+
+// The start of every awaitable wait (also of its path that would not wait):
+// a coroutine whose cancellation was already requested is refused at once,
+// holding and taking nothing. `what` names the call in the exception.
+inline void refuse_if_cancelled(const asio::cancellation_state& state, const char* what) {
+  if (state.cancelled() != asio::cancellation_type::none)
+    throw system_error(asio::error::operation_aborted, what);
+}
+
 // Completes `handler` with `args` through its associated executor (falling back
 // to `fallback`), never inline: the caller may be inside release()/notify().
 // The handler's cancellation slot is cleared first, as Asio requires of an
@@ -28,6 +50,17 @@ void post_completion(Handler&& handler, const Executor& fallback, Args&&... args
                a = std::make_tuple(std::forward<Args>(args)...)]() mutable {
     std::apply(std::move(h), std::move(a));
   });
+}
+
+// The start of every wait that takes a completion handler and has no list
+// of its own (start_wait does the same): completes `handler` at once, through
+// a post, with operation_aborted if its coroutine's cancellation was already
+// requested; true if it did (the caller then starts and takes nothing).
+template <class Handler, class Executor>
+bool refuse_cancelled(Handler& handler, const Executor& fallback) {
+  if (!cancel_requested(handler)) return false;
+  post_completion(std::move(handler), fallback, error_code(asio::error::operation_aborted));
+  return true;
 }
 
 // Owns an operation between a post and the run of the posted function.

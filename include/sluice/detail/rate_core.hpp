@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <tuple>
 #include <type_traits>
@@ -27,19 +28,22 @@
 namespace sluice::detail {
 
 // One wait for n units; granted_at holds the instant it began waiting until
-// it is granted, then the grant's. ex is the
+// it is granted, then the grant's key (see rate_core::give_back). ex is the
 // executor the waiter resumes on: the limiter's timer, while this waiter is
 // the head, runs on its context (timers belong to the wait).
+// `pending`: the waiting coroutine's, when it counts the grant itself.
 struct rate_wait : wait_op {
-  rate_wait(std::size_t count, clock::time_point at, asio::any_io_executor e) noexcept
-      : n(count), granted_at(at), ex(std::move(e)) {}
+  rate_wait(std::size_t count, clock::time_point at, asio::any_io_executor e,
+            pending_grant* p) noexcept
+      : n(count), granted_at(at), ex(std::move(e)), pending(p) {}
   std::size_t n;
   clock::time_point granted_at;
   asio::any_io_executor ex;
+  pending_grant* pending;
 };
 
-// Internal completions also carry the grant time, so a grant that a cancelled
-// coroutine never used can be given back exactly.
+// Internal completions also carry the grant's key, so a grant that a
+// cancelled coroutine never used can be given back exactly.
 struct deliver_grant_time {
   std::tuple<clock::time_point> operator()(rate_wait& w, error_code) const noexcept {
     return {w.granted_at};
@@ -85,7 +89,7 @@ class rate_core {
   }
 
   template <class Deliver, class Handler>
-  void initiate(Handler&& handler, std::size_t n) {
+  void initiate(Handler&& handler, std::size_t n, pending_grant* pending = nullptr) {
     auto hex = asio::get_associated_executor(handler, ex_);
     affinity_.bind(hex);
     const auto in = affinity_.enter(name_);
@@ -93,11 +97,22 @@ class rate_core {
     bind_clock(any);
     const auto now = clock_.now();
     const bool ready = waiters_.empty() && policy_.ready_at(n, now) <= now;
-    start_wait<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_, waiters_, ready,
-                                   true, n, now, std::move(any));
+    // Taken before the completion is posted, so that it carries the grant's key.
+    const clock::time_point at = ready ? policy_.take(n, now) : now;
+    wait_start started = wait_start::waiting;
+    try {
+      started = start_wait<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_, waiters_,
+                                               ready, true, n, at, std::move(any), pending);
+    } catch (...) {
+      if (ready) policy_.give_back(n, at, now);
+      throw;
+    }
+    if (started == wait_start::refused) {  // cancelled before it called: takes nothing
+      if (ready) policy_.give_back(n, at, now);
+      return;
+    }
     if (ready) {
-      policy_.take(n, now);
-      ++stats_->acquired;
+      count_grant(*stats_, pending, false, {});
     } else {
       ++stats_->throttled;
       if (waiters_.size() == 1) service();  // the new head: arm the timer
@@ -119,7 +134,9 @@ class rate_core {
   // but before it resumed gives the grant back (by its grant time) and throws
   // operation_aborted. Precondition: check(n) passed.
   asio::awaitable<void> acquire(std::size_t n) { return acquire_impl<false>(n); }
-  // As acquire(n), returning the grant time (give_back's key).
+  // As acquire(n), returning the grant's key for give_back (the grant instant
+  // for a sliding window; for a bucket, where its tokens end on the refill
+  // timeline).
   asio::awaitable<clock::time_point> acquire_granted(std::size_t n) {
     return acquire_impl<true>(n);
   }
@@ -139,13 +156,16 @@ class rate_core {
     const auto in = affinity_.enter(name_);
     bind_clock(ex);
     const auto now = clock_.now();
-    policy_.take(n, now);
+    const clock::time_point key = policy_.take(n, now);
     ++stats_->acquired;
-    return now;
+    return key;
   }
 
-  void give_back(std::size_t n, clock::time_point granted_at) {
-    policy_.give_back(n, granted_at);
+  // Returns the n units of a grant that never started, identified by the key
+  // its grant returned (acquire_granted, take_ready): a sliding window forgets
+  // the start; a bucket refunds the tokens not yet refilled.
+  void give_back(std::size_t n, clock::time_point key) {
+    policy_.give_back(n, key, clock_.now());
     service();
   }
 
@@ -180,6 +200,8 @@ class rate_core {
   // Counts into `sink` instead of this core's own (keyed_rate_limiter: one
   // sink for every key). Before any use.
   void share_stats(stats_sink& sink) noexcept { stats_ = &sink; }
+  // A grant of take_ready() given back untouched (acquire_all): uncounted.
+  void ungrant() noexcept { stats_->ungrant(); }
   [[nodiscard]] std::size_t in_use() const { return policy_.in_use(clock_.now()); }
   [[nodiscard]] sluice::stats stats() const {
     return stats_->read(waiters_.size(), in_use(), policy_.limit());
@@ -190,21 +212,22 @@ class rate_core {
   asio::awaitable<std::conditional_t<Granted, clock::time_point, void>> acquire_impl(
       std::size_t n) {
     const auto state = co_await asio::this_coro::cancellation_state;
-    if (state.cancelled() != asio::cancellation_type::none)
-      throw system_error(asio::error::operation_aborted, name_);
+    refuse_if_cancelled(state, name_);
     affinity_.check(name_);  // a check only: no scope across co_await
     bind_clock(co_await asio::this_coro::executor);
-    if (const auto now = clock_.now(); try_take(n, now)) {
+    if (const auto key = try_take(n, clock_.now())) {
       if constexpr (Granted) {
-        co_return now;
+        co_return *key;
       } else {
         co_return;
       }
     }
     if (!alive_) alive_ = std::make_shared<bool>(true);
     const std::shared_ptr<bool> alive = alive_;
-    auto initiation = [self = this](auto&& handler, std::size_t count) {
-      self->template initiate<deliver_grant_time>(std::forward<decltype(handler)>(handler), count);
+    pending_grant grant;
+    auto initiation = [self = this, &grant](auto&& handler, std::size_t count) {
+      self->template initiate<deliver_grant_time>(std::forward<decltype(handler)>(handler), count,
+                                                  &grant);
     };
     const clock::time_point granted =
         co_await asio::async_initiate<const asio::use_awaitable_t<>&,
@@ -212,11 +235,12 @@ class rate_core {
             std::move(initiation), asio::use_awaitable_t<>{}, n);
     if (state.cancelled() != asio::cancellation_type::none) {
       if (*alive) {
-        ++stats_->cancelled;
+        ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
         give_back(n, granted);
       }
       throw system_error(asio::error::operation_aborted, name_);
     }
+    if (*alive) settle_grant(*stats_, grant);
     if constexpr (Granted) co_return granted;
   }
 
@@ -231,11 +255,12 @@ class rate_core {
       policy_.real_time(clock_.bound() && clock_.virtual_clock() == nullptr);
   }
 
-  bool try_take(std::size_t n, clock::time_point now) {
-    if (!waiters_.empty() || policy_.ready_at(n, now) > now) return false;
-    policy_.take(n, now);
+  // The grant's key (see give_back) if n units were free and taken.
+  std::optional<clock::time_point> try_take(std::size_t n, clock::time_point now) {
+    if (!waiters_.empty() || policy_.ready_at(n, now) > now) return std::nullopt;
+    const clock::time_point key = policy_.take(n, now);
     ++stats_->acquired;
-    return true;
+    return key;
   }
 
   // Grants every waiter that is ready now, in order, then arms the timer for
@@ -250,10 +275,8 @@ class rate_core {
         return;
       }
       waiters_.pop_front();
-      policy_.take(w->n, now);
-      ++stats_->acquired;
-      stats_->record_wait(now - w->granted_at);
-      w->granted_at = now;
+      count_grant(*stats_, w->pending, true, now - w->granted_at);
+      w->granted_at = policy_.take(w->n, now);
       w->complete(error_code{});
     }
     timer_.disarm();
@@ -343,9 +366,11 @@ class rate_limiter_api {
   /// granted (`acquire(n)` counts once), `throttled` (requests that had to
   /// wait, and `try_acquire` refusals), cancelled waits, waiting now, the
   /// wait of every grant (0 for those that did not wait); `in_use` is the
-  /// units the window (or the bucket) holds now, `limit` the quota (`calls`,
-  /// or `burst`); no hold time. On the limiter's clock; O(buckets) plus, for
-  /// a window, the starts that expired since the last call. Allocates nothing.
+  /// units taken and not yet back (a `rate_limiter`: starts still in the
+  /// window; a `token_bucket`: tokens taken and not refilled yet, `burst() -
+  /// tokens()` rounded up, so `limit - in_use` whole tokens are free),
+  /// `limit` the quota (`calls`, or `burst`); no hold time. On the limiter's clock; O(buckets)
+  /// plus, for a window, the starts that expired since the last call. Allocates nothing.
   [[nodiscard]] sluice::stats stats() const { return core_.stats(); }
 
  protected:

@@ -73,17 +73,22 @@ class sliding_window {
     return now;  // unreachable: n <= calls_
   }
 
-  void take(std::size_t n, clock::time_point now) {
+  // Records n starts at `now`; returns the grant's key for give_back: `now`.
+  clock::time_point take(std::size_t n, clock::time_point now) {
     if (!starts_.empty() && starts_.back().at == now) {
       starts_.back().count += n;
     } else {
       starts_.push_back({now, n});
     }
     used_ += n;
+    return now;
   }
 
   // Forgets n starts recorded at `at` (a grant that never started). False if
   // none is recorded there any more (expired).
+  bool give_back(std::size_t n, clock::time_point at, clock::time_point /*now*/) {
+    return give_back(n, at);
+  }
   bool give_back(std::size_t n, clock::time_point at) {
     for (auto it = starts_.end(); it != starts_.begin();) {
       --it;
@@ -186,8 +191,22 @@ class bucket {
   clock::time_point ready_at(std::size_t n, clock::time_point now) const {
     return std::max(now, tat_ - scaled(burst_ - n));
   }
-  void take(std::size_t n, clock::time_point now) { tat_ = std::max(tat_, now) + scaled(n); }
-  void give_back(std::size_t n, clock::time_point) { tat_ -= scaled(n); }
+  // Takes n tokens; returns the grant's key for give_back: the instant its
+  // tokens end on the refill timeline (they refill over [key - n * interval,
+  // key), after those taken before them).
+  clock::time_point take(std::size_t n, clock::time_point now) {
+    tat_ = std::max(tat_, now) + scaled(n);
+    return tat_;
+  }
+  // Refunds what the grant with `key` took and has not refilled by `now`:
+  // all of it at its grant instant, nothing once its tokens have refilled
+  // (a give-back after the bucket refilled must not add tokens it never
+  // lost). Exact when give-backs come in grant order or at the grant
+  // instant; otherwise the error is bounded by the earlier refund.
+  void give_back(std::size_t n, clock::time_point key, clock::time_point now) {
+    const clock::duration left = key - std::max(key - scaled(n), now);
+    if (left > clock::duration::zero()) tat_ -= left;
+  }
   bool idle(clock::time_point now) const noexcept { return tat_ <= now; }
   [[nodiscard]] clock::time_point idle_at() const noexcept { return tat_; }
 

@@ -8,7 +8,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <ratio>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,46 @@ constexpr clock::time_point add_saturating(clock::time_point t, clock::duration 
     return clock::time_point::min();
   return t + d;
 }
+
+// `d` as a clock::duration, clamped to its range instead of overflowing:
+// std::chrono::hours::max() (or 1000 years) means "forever"
+// (clock::duration::max()), never a negative or wrapped number. Every public
+// entry point that takes a duration converts it here. A floating-point NaN
+// counts as forever too.
+template <class Rep, class Period>
+constexpr clock::duration saturate(std::chrono::duration<Rep, Period> d) noexcept {
+  using target = clock::duration;
+  if constexpr (std::is_floating_point_v<Rep>) {
+    const long double x = std::chrono::duration<long double, target::period>(d).count();
+    if (!(x < static_cast<long double>(target::max().count()))) return target::max();
+    if (x <= static_cast<long double>(target::min().count())) return target::min();
+    return std::chrono::duration_cast<target>(d);
+  } else if constexpr (std::ratio_less_equal_v<Period, target::period>) {
+    return std::chrono::duration_cast<target>(d);  // as fine or finer: divides, cannot overflow
+  } else {
+    // Coarser: compared in units of Period, where the bounds cannot overflow.
+    using wide = std::chrono::duration<std::common_type_t<Rep, target::rep>, Period>;
+    constexpr wide hi = std::chrono::duration_cast<wide>(target::max());
+    if (wide(d) >= hi) return target::max();
+    if constexpr (std::is_signed_v<typename wide::rep>) {
+      constexpr wide lo = std::chrono::duration_cast<wide>(target::min());
+      if (wide(d) <= lo) return target::min();
+    }
+    return std::chrono::duration_cast<target>(d);
+  }
+}
+
+// A clock::duration that takes any std::chrono::duration and saturates it
+// (saturate): the type of the duration fields of option structs, where a
+// template parameter cannot serve, so that `.max = std::chrono::hours::max()`
+// means forever instead of overflowing before sluice sees it. Derived from
+// clock::duration: every duration operation applies to it as it is.
+struct saturating_duration : clock::duration {
+  constexpr saturating_duration() noexcept : clock::duration(clock::duration::zero()) {}
+  template <class Rep, class Period>
+  constexpr saturating_duration(std::chrono::duration<Rep, Period> d) noexcept  // implicit
+      : clock::duration(saturate(d)) {}
+};
 
 // A pending virtual timer. It lives inside its operation; `fire` completes
 // (invoke = true) or destroys (invoke = false) the operation.
@@ -56,6 +98,13 @@ class virtual_clock_service final : public asio::execution_context::service {
   bool empty() const noexcept { return heap_.empty(); }
   std::size_t pending() const noexcept { return heap_.size(); }
   clock::time_point next_deadline() const noexcept { return heap_.front()->deadline; }
+  // True if a pending timer can ever fire: one whose deadline is before the
+  // end of time. A deadline of time_point::max() (a saturated "forever")
+  // waits for its cancellation only, so the loop that finds nothing else to
+  // run reports a deadlock instead of jumping to the end of time.
+  bool has_due() const noexcept {
+    return !heap_.empty() && heap_.front()->deadline != clock::time_point::max();
+  }
 
   void schedule(virtual_timer_node* n) {
     n->seq = next_seq_++;
@@ -81,11 +130,11 @@ class virtual_clock_service final : public asio::execution_context::service {
   }
 
   // Jumps to `t` (never backwards) and fires every timer due by then, in
-  // deadline order (FIFO among equal deadlines). Fired timers post their
-  // handlers; nothing runs inline.
+  // deadline order (FIFO among equal deadlines), never one at the end of time
+  // (see has_due). Fired timers post their handlers; nothing runs inline.
   void advance_to(clock::time_point t) {
     if (t > now_) now_ = t;
-    while (!heap_.empty() && heap_.front()->deadline <= now_) {
+    while (has_due() && heap_.front()->deadline <= now_) {
       virtual_timer_node* n = heap_.front();
       cancel(n);
       n->fire(n, true, error_code{});

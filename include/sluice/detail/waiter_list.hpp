@@ -224,32 +224,47 @@ inline void abort_all(waiter_list& list) {
   }
 }
 
+// How start_wait started a wait.
+enum class wait_start {
+  waiting,    // linked into the list
+  completed,  // `ready`: completed at once (through a post) without error
+  refused,    // the caller's cancellation was already requested: completed at
+              // once with operation_aborted; it must take nothing
+};
+
 // Starts one wait on `list`, or completes it at once (through a post) if
-// `ready` is true. `what` names the operation for the executor error. Returns
-// the operation when it waits, null when it completed.
+// `ready` is true. A `cancellable` wait whose coroutine's cancellation was
+// requested before it called is refused instead, ready or not: every wait
+// refuses such a caller in the same way. `what` names the operation for the
+// executor error.
 template <class Node, class Deliver, class Handler, class... NodeArgs>
-wait_op* start_wait(Handler&& handler, const asio::any_io_executor& fallback, const char* what,
-                    waiter_list& list, bool ready, bool cancellable, NodeArgs&&... args) {
+wait_start start_wait(Handler&& handler, const asio::any_io_executor& fallback, const char* what,
+                      waiter_list& list, bool ready, bool cancellable, NodeArgs&&... args) {
   using handler_type = std::decay_t<Handler>;
   using op_type = handler_op<handler_type, Node, Deliver>;
   require_executor<handler_type>(fallback, what);
+  const bool refused = cancellable && cancel_requested(handler);
   asio::execution_context* loop = nullptr;
   if constexpr (completes_on_loop<handler_type>) {
-    if (!ready) {
+    if (!ready && !refused) {
       const auto ex = asio::get_associated_executor(handler, fallback);
       loop = list.watch(&asio::query(ex, asio::execution::context_as<asio::execution_context&>));
     }
   }
   op_type* op =
       op_type::create(std::forward<Handler>(handler), fallback, std::forward<NodeArgs>(args)...);
+  if (refused) {
+    op->complete(asio::error::operation_aborted);
+    return wait_start::refused;
+  }
   if (ready) {
     op->complete(error_code{});
-    return nullptr;
+    return wait_start::completed;
   }
   op->loop = loop;
   list.push_back(op);
   if (cancellable) op->arm_cancellation();
-  return op;
+  return wait_start::waiting;
 }
 
 }  // namespace sluice::detail

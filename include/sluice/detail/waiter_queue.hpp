@@ -68,6 +68,7 @@ class waiter_list {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] std::size_t max_size() const noexcept { return max_size_; }
   [[nodiscard]] waiter_node* front() const noexcept { return head_; }
+  [[nodiscard]] waiter_node* back() const noexcept { return tail_; }
 
   // Optional hook, run after a waiter was unlinked by its cancellation (its
   // abort is already posted). A primitive whose head waiter can hold back the

@@ -11,6 +11,7 @@
 #include <sluice/detail/asio.hpp>
 #include <sluice/detail/asio_net.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,8 +58,11 @@ namespace sluice::redis {
 ///   The connection stays usable.
 /// - A lost connection (the server stopped, the network failed, a protocol
 ///   error) fails every call queued, written or waiting for a reply with
-///   `errc::connection_lost` (`errc::protocol_error`); none of them is retried,
-///   since a command may or may not have run.
+///   `errc::connection_lost` (`errc::protocol_error`; over TLS, an error
+///   OpenSSL reports, e.g. the server's alert that it rejected the client's
+///   certificate, arriving with the first reply: that error, in asio's ssl
+///   category); none of them is retried, since a command may or may not have
+///   run.
 /// - Later calls reconnect: the first call after a loss opens a new socket to
 ///   the same endpoints (one attempt per call; no retry loop, no backoff). If
 ///   that attempt fails, the calls queued behind it fail with the socket's
@@ -238,6 +242,20 @@ class connection {
   /// The options it was opened with (the defaults for `connect(ex, host, port)`).
   [[nodiscard]] const options& get_options() const noexcept {
     return cluster_ ? cluster_->opts() : io_->opts();
+  }
+  /// Through Sentinel (`connect_sentinel()`): the node the last call went to,
+  /// as "host:port" in the sentinels' words; empty for other connections.
+  [[nodiscard]] std::string node() const { return cluster_ ? std::string() : io_->node(); }
+  /// Through Sentinel: the local send time of the last check in which a
+  /// majority of the sentinels named `node` (a `node()` value) primary and
+  /// none named another at the same or a newer epoch; `time_point::min()` if
+  /// none did. For other connections (their node is the primary by
+  /// configuration) `time_point::max()`. `redis::semaphore` counts a permit
+  /// certain no longer than this + its restart grace.
+  [[nodiscard]] std::chrono::steady_clock::time_point primary_confirmed_at(
+      const std::string& node) const {
+    if (cluster_ || !io_->locator()) return std::chrono::steady_clock::time_point::max();
+    return io_->locator()->confirmed_at(node);
   }
 
  private:

@@ -75,9 +75,14 @@ class semaphore_permit {
   /// True once the lease stopped being certain (see `redis::semaphore`).
   [[nodiscard]] bool lost() const noexcept { return h_ && h_->lost; }
   /// Until when the lease is certain now (extended by each confirmed
-  /// renewal); `time_point::max()` for an endless lease.
-  [[nodiscard]] std::chrono::steady_clock::time_point certain_until() const noexcept {
-    return h_ ? h_->certain_until : std::chrono::steady_clock::time_point{};
+  /// renewal, and through Sentinel by each check that the node is still the
+  /// primary); `time_point::max()` for an endless lease. Not a guarantee
+  /// across a failover: a promoted replica may lack the permit (replica
+  /// lag) and grant it again after its restart grace, while this process
+  /// renewed on the old primary or was paused; the fencing token is the
+  /// protection there (see `redis::semaphore`).
+  [[nodiscard]] std::chrono::steady_clock::time_point certain_until() const {
+    return h_ ? st_->certain(*h_) : std::chrono::steady_clock::time_point{};
   }
   /// Completes when the permit is lost (at once if it is). Throws
   /// `operation_aborted` when cancelled or when the permit is released

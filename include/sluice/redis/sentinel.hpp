@@ -5,274 +5,20 @@
 #include <sluice/config.hpp>
 #include <sluice/redis/connection.hpp>
 #include <sluice/redis/detail/io.hpp>
-#include <sluice/redis/detail/script.hpp>
+#include <sluice/redis/detail/sentinel_locator.hpp>
 #include <sluice/redis/options.hpp>
 #include <sluice/redis/reply.hpp>
 
 #include <sluice/detail/asio.hpp>
 #include <sluice/detail/asio_net.hpp>
 
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <exception>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace sluice::redis {
-
-/// One Redis Sentinel process (`redis-sentinel`, port 26379 by default).
-struct sentinel_address {
-  /// Host name or numeric address.
-  std::string host = "127.0.0.1";
-  /// The sentinel's port.
-  std::uint16_t port = 26379;
-};
-
-/// How `connect_sentinel()` talks to the sentinels themselves (they have
-/// their own password and TLS settings; the data nodes take `options`).
-struct sentinel_options {
-  /// ACL user for the sentinels' `AUTH`; empty: the default user.
-  std::string user;
-  /// The sentinels' password (`requirepass` in sentinel.conf); empty: none.
-  std::string password;
-  /// TLS to the sentinels (see `tls_options`); empty: plain TCP.
-  std::optional<tls_options> tls;
-  /// Limit on opening a connection to one sentinel.
-  std::chrono::milliseconds connect_timeout{1000};
-  /// Limit on one sentinel's answer.
-  std::chrono::milliseconds command_timeout{1000};
-  /// Subscribe to `+switch-master` on one sentinel, so that a failover
-  /// moves the connections at once, even those whose old primary is still up.
-  bool watch = true;
-};
-
-}  // namespace sluice::redis
-
 namespace sluice::detail {
-
-// Finds the primary of one master name through the sentinels, and watches
-// +switch-master; the redis_locator of every connection of one
-// connect_sentinel() call (the returned one and its connect_again()s).
-// Loop-affine.
-class redis_sentinel_locator final : public redis_locator,
-                                     public std::enable_shared_from_this<redis_sentinel_locator> {
- public:
-  redis_sentinel_locator(asio::any_io_executor ex, std::vector<redis::sentinel_address> sentinels,
-                         std::string master, redis::sentinel_options so)
-      : ex_(std::move(ex)),
-        sentinels_(std::move(sentinels)),
-        master_(std::move(master)),
-        so_(std::move(so)),
-        watch_timer_(ex_) {}
-
-  // The options of a connection to sentinel k.
-  redis::options sentinel_options(std::size_t k) const {
-    redis::options o;
-    o.host = sentinels_.at(k).host;
-    o.port = sentinels_.at(k).port;
-    o.user = so_.user;
-    o.password = so_.password;
-    o.tls = so_.tls;
-    o.connect_timeout = so_.connect_timeout;
-    o.command_timeout = so_.command_timeout;
-    return o;
-  }
-
-  // The address that connect_sentinel() found, for the first connect.
-  void hint(found f) { hint_ = std::move(f); }
-
-  void locate(std::function<void(error_code, found)> done) override {
-    if (closed_) {
-      asio::post(ex_, [d = std::move(done)] { d(redis::make_error_code(redis::errc::closed), {}); });
-      return;
-    }
-    if (hint_) {
-      asio::post(ex_, [d = std::move(done), f = std::move(*hint_)] { d(error_code{}, f); });
-      hint_.reset();
-      return;
-    }
-    locate_waiters_.push_back(std::move(done));
-    if (locating_) return;  // one query at a time; every caller gets its answer
-    locating_ = true;
-    ++busy_;
-    asio::co_spawn(ex_, find(shared_from_this()),
-                   [self = shared_from_this()](std::exception_ptr, std::pair<error_code, found> r) {
-                     self->locating_ = false;
-                     auto waiters = std::move(self->locate_waiters_);
-                     self->locate_waiters_.clear();
-                     for (auto& w : waiters) w(r.first, r.second);
-                     self->done_one();
-                   });
-  }
-
-  void attach(const std::shared_ptr<redis_io>& io) override {
-    ++attached_;
-    std::erase_if(ios_, [](const std::weak_ptr<redis_io>& w) { return w.expired(); });
-    ios_.push_back(io);
-    if (so_.watch && !watching_ && !closed_) {
-      watching_ = true;
-      ++busy_;
-      asio::co_spawn(ex_, watch(shared_from_this()),
-                     [self = shared_from_this()](std::exception_ptr) { self->done_one(); });
-    }
-  }
-
-  void detach() override {
-    if (attached_ > 0 && --attached_ == 0) close();
-  }
-
-  // While other connections of the group are open they own the locator's
-  // I/O: only the last one to close waits for it.
-  void wait_idle(std::function<void()> done) override {
-    if (!closed_ || busy_ == 0) {
-      asio::post(ex_, std::move(done));
-      return;
-    }
-    idle_waiters_.push_back(std::move(done));
-  }
-
-  // Asks the sentinels, in order (the last one that answered first), for the
-  // master's primary; the first that reports it up wins.
-  static asio::awaitable<std::pair<error_code, found>> find(
-      std::shared_ptr<redis_sentinel_locator> st) {
-    for (std::size_t k = 0; k < st->sentinels_.size() && !st->closed_; ++k) {
-      try {
-        const redis::options so = st->sentinel_options(k);
-        auto resolve = redis_resolve(st->ex_, so);  // named: g++ 12 and co_await operands
-        auto eps = co_await std::move(resolve);
-        auto io = std::make_shared<redis_io>(st->ex_, std::move(eps), true, so);
-        auto c = std::make_shared<redis::connection>(io);
-        st->query_io_ = io;
-        std::vector<std::string> cmd{"SENTINEL", "MASTER", st->master_};
-        redis::reply r = co_await redis_call(*c, std::move(cmd));
-        co_await c->close();
-        st->query_io_.reset();
-        std::string ip, port, flags;
-        for (std::size_t i = 0; i + 1 < r.elements.size(); i += 2) {
-          const std::string& field = r.elements[i].str;
-          if (field == "ip") ip = r.elements[i + 1].str;
-          if (field == "port") port = r.elements[i + 1].str;
-          if (field == "flags") flags = r.elements[i + 1].str;
-        }
-        if (ip.empty() || port.empty() || flags.find("master") == std::string::npos ||
-            flags.find("s_down") != std::string::npos || flags.find("o_down") != std::string::npos)
-          continue;  // unknown name, or this sentinel sees that primary down
-        redis::options at;
-        at.host = ip;
-        at.port = static_cast<std::uint16_t>(std::stoul(port));
-        auto resolve_at = redis_resolve(st->ex_, at);
-        auto eps_at = co_await std::move(resolve_at);
-        std::pair<error_code, found> out;
-        out.second.endpoints = std::move(eps_at);
-        out.second.host = ip;
-        out.second.port = port;
-        std::rotate(st->sentinels_.begin(), st->sentinels_.begin() + static_cast<long>(k),
-                    st->sentinels_.begin() + static_cast<long>(k) + 1);
-        co_return out;
-      } catch (const std::exception&) {
-        st->query_io_.reset();  // unreachable, or a malformed answer: ask the next one
-      }
-    }
-    std::pair<error_code, found> none;
-    none.first = redis::make_error_code(redis::errc::no_primary);
-    co_return none;
-  }
-
- private:
-  // Subscribed to +switch-master on one sentinel (the next one after a loss)
-  // until the group closes.
-  static asio::awaitable<void> watch(std::shared_ptr<redis_sentinel_locator> st) {
-    std::size_t k = 0;
-    while (!st->closed_) {
-      try {
-        const redis::options so = st->sentinel_options(k % st->sentinels_.size());
-        auto resolve = redis_resolve(st->ex_, so);
-        auto eps = co_await std::move(resolve);
-        auto io = std::make_shared<redis_io>(st->ex_, std::move(eps), true, so);
-        auto c = std::make_shared<redis::connection>(io);
-        st->watch_io_ = io;
-        if (st->closed_) io->shutdown();
-        std::weak_ptr<redis_sentinel_locator> weak = st;
-        c->on_message([weak](const redis::reply& m) {
-          if (auto s = weak.lock()) s->switched(m);
-        });
-        c->on_lost([weak] {
-          if (auto s = weak.lock()) s->watch_timer_.cancel();
-        });
-        std::vector<std::string> cmd{"SUBSCRIBE", "+switch-master"};
-        redis::reply r = co_await redis_call(*c, std::move(cmd));
-        while (!r.is_error() && !st->closed_ && c->is_open()) {
-          st->watch_timer_.expires_at(std::chrono::steady_clock::time_point::max());
-          error_code ec;
-          co_await st->watch_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        }
-        co_await c->close();
-      } catch (...) {
-      }
-      st->watch_io_.reset();
-      if (st->closed_) break;
-      ++k;
-      st->watch_timer_.expires_after(std::chrono::milliseconds(200));
-      error_code ec;
-      co_await st->watch_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    }
-  }
-
-  // "+switch-master" payload: "<name> <old ip> <old port> <new ip> <new port>".
-  void switched(const redis::reply& m) {
-    std::vector<std::string> w;
-    const std::string& s = m.elements.back().str;
-    for (std::size_t i = 0; i < s.size();) {
-      const std::size_t j = std::min(s.find(' ', i), s.size());
-      w.push_back(s.substr(i, j - i));
-      i = j + 1;
-    }
-    if (w.size() != 5 || w[0] != master_) return;
-    hint_.reset();
-    auto ios = ios_;
-    for (auto& weak : ios)
-      if (auto io = weak.lock()) io->relocate(w[3], w[4]);
-  }
-
-  void close() {
-    closed_ = true;
-    hint_.reset();
-    watch_timer_.cancel();
-    if (auto io = watch_io_) io->shutdown();
-    if (auto io = query_io_) io->shutdown();
-  }
-
-  void done_one() {
-    if (--busy_ != 0 || !closed_) return;
-    auto waiters = std::move(idle_waiters_);
-    idle_waiters_.clear();
-    for (auto& w : waiters) asio::post(ex_, std::move(w));
-  }
-
-  asio::any_io_executor ex_;
-  std::vector<redis::sentinel_address> sentinels_;
-  std::string master_;
-  redis::sentinel_options so_;
-  asio::steady_timer watch_timer_;
-  std::optional<found> hint_;
-  std::vector<std::weak_ptr<redis_io>> ios_;
-  std::vector<std::function<void(error_code, found)>> locate_waiters_;
-  std::vector<std::function<void()>> idle_waiters_;
-  std::shared_ptr<redis_io> query_io_;  // the sentinel being asked now
-  std::shared_ptr<redis_io> watch_io_;  // the sentinel subscribed to +switch-master
-  std::size_t attached_ = 0;
-  std::size_t busy_ = 0;  // find() and watch() coroutines running
-  bool locating_ = false;
-  bool watching_ = false;
-  bool closed_ = false;
-};
-
 
 inline asio::awaitable<std::shared_ptr<redis::connection>> redis_connect_sentinel(
     asio::any_io_executor ex, std::vector<redis::sentinel_address> sentinels,
@@ -282,20 +28,25 @@ inline asio::awaitable<std::shared_ptr<redis::connection>> redis_connect_sentine
     throw std::invalid_argument("sluice::redis::connect_sentinel: no sentinel address");
   if (master_name.empty())
     throw std::invalid_argument("sluice::redis::connect_sentinel: empty master name");
+  if (so.recheck.count() <= 0)
+    throw std::invalid_argument("sluice::redis::connect_sentinel: sentinel_options::recheck <= 0");
   if (!o.unix_path.empty())
     throw std::invalid_argument("sluice::redis::connect_sentinel: a primary is reached over TCP");
   std::string where;
   for (const auto& s : sentinels)
     where += (where.empty() ? "" : ", ") + s.host + ":" + std::to_string(s.port);
-  auto loc = std::make_shared<redis_sentinel_locator>(ex, std::move(sentinels),
-                                                                      master_name, std::move(so));
+  auto loc = std::make_shared<redis_sentinel_locator>(ex, std::move(sentinels), master_name,
+                                                      std::move(so));
   (void)redis_io(ex, {}, true, loc->sentinel_options(0));  // bad TLS input throws
   // Named operation: g++ 12 may destroy a co_await operand's temporaries twice.
   auto op = redis_sentinel_locator::find(loc);
   auto first = co_await std::move(op);
-  if (first.first)
+  if (first.first) {
+    auto closing = redis_sentinel_locator::close_queries(loc);
+    co_await std::move(closing);
     throw system_error(first.first, "sluice::redis::connect_sentinel: master '" + master_name +
                                         "' via sentinels " + where);
+  }
   const bool handshake = !o.password.empty() || o.db != 0;
   auto eps = first.second.endpoints;
   loc->hint(std::move(first.second));
@@ -315,29 +66,39 @@ namespace sluice::redis {
 /// same `connection` type as `connect()`, so `semaphore` and `rate_limiter`
 /// take it as they are.
 ///
-/// Discovery: the sentinels are asked in order (the last one that answered
-/// first) with `SENTINEL MASTER <name>` (the address of `SENTINEL
-/// get-master-addr-by-name`, plus the sentinel's flags); the first that
-/// reports the primary up (not `s_down`/`o_down`) wins. It is asked again
-/// before every reconnect, so a lost connection, a `-READONLY` reply (the
-/// node was demoted; the connection is reset after that call) and a
-/// `+switch-master` message (one sentinel is watched; open connections to
-/// the old primary are reset at once) all lead to the new primary. `o` is
-/// applied to every node: `AUTH`, `SELECT`, TLS (its name check against
+/// Discovery: every sentinel is asked at once (one connection each, kept
+/// open) with `SENTINEL MASTER <name>` (the address of `SENTINEL
+/// get-master-addr-by-name`, plus the sentinel's flags and config epoch);
+/// among the answers that report the primary up (not `s_down`/`o_down`) the
+/// newest epoch wins. It is asked again before every reconnect and every
+/// `sentinel_options::recheck`, so a lost connection, a `-READONLY` reply
+/// (the node was demoted; the connection is reset after that call), a
+/// `+switch-master` message (one sentinel is watched, the next one once it
+/// is silent in a check) and a check that names another node all lead to the
+/// new primary (open connections elsewhere are reset at once). `o` is applied
+/// to every node: `AUTH`, `SELECT`, TLS (its name check against
 /// `tls_options::server_name`, else the address the sentinel reported),
 /// timeouts. `connect_again()` (the semaphore's pub/sub connection) follows
 /// the same primary.
 ///
+/// Confirmation: a node counts as the primary (`connection::primary_confirmed_at`)
+/// from a check in which a majority of all the sentinels named it at the
+/// newest epoch; a `semaphore` keeps grants and permits on it only until the
+/// last such check + its restart grace, so a process whose watched sentinel
+/// hung, or that still reaches a demoted primary, stops granting there before
+/// the promoted node grants anything.
+///
 /// During a failover calls fail as on any lost connection (`errc::connection_lost`,
 /// the socket's error, or `errc::no_primary` while no sentinel reports a
 /// primary that is up); the next call asks again. A promoted replica has its own
-/// `run_id`, so a semaphore treats it as a restart: no new grant for one renewal interval + a margin,
-/// while holders re-claim (see `semaphore`); fencing tokens keep increasing
-/// as long as the servers' clocks agree within the failover time.
+/// `run_id`, so a semaphore treats it as a restart: no new grant for one renewal interval + a
+/// margin, while holders re-claim and waiters ask again (see `semaphore`); fencing tokens keep
+/// increasing whatever the servers' clocks, as the clients seed the new node with the highest
+/// token they were granted.
 ///
-/// Throws `std::invalid_argument` for no sentinels, an empty name or a Unix
-/// socket in `o`; `sluice::system_error` with `errc::no_primary` if no
-/// sentinel reports a primary, or the connect error. Lifetime: the watcher
+/// Throws `std::invalid_argument` for no sentinels, an empty name, a Unix
+/// socket in `o` or a `recheck` that is not positive; `sluice::system_error` with
+/// `errc::no_primary` if no sentinel reports a primary, or the connect error. Lifetime: the watcher
 /// and the sentinel queries belong to the returned connection and those
 /// opened from it; the last of them to `close()` ends them and waits.
 ///
@@ -351,9 +112,8 @@ namespace sluice::redis {
 [[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect_sentinel(
     asio::any_io_executor ex, std::vector<sentinel_address> sentinels, std::string master_name,
     options o, sentinel_options so) {
-  return sluice::detail::redis_connect_sentinel(std::move(ex), std::move(sentinels),
-                                                std::move(master_name), std::move(o),
-                                                std::move(so));
+  return sluice::detail::redis_connect_sentinel(
+      std::move(ex), std::move(sentinels), std::move(master_name), std::move(o), std::move(so));
 }
 
 /// As above, with the default `sentinel_options` (no AUTH or TLS to the
@@ -371,9 +131,8 @@ namespace sluice::redis {
 /// As above, with the default `options` for the primary as well.
 [[nodiscard]] inline asio::awaitable<std::shared_ptr<connection>> connect_sentinel(
     asio::any_io_executor ex, std::vector<sentinel_address> sentinels, std::string master_name) {
-  return sluice::detail::redis_connect_sentinel(std::move(ex), std::move(sentinels),
-                                                std::move(master_name), options{},
-                                                sentinel_options{});
+  return sluice::detail::redis_connect_sentinel(
+      std::move(ex), std::move(sentinels), std::move(master_name), options{}, sentinel_options{});
 }
 
 }  // namespace sluice::redis

@@ -77,7 +77,7 @@ class virtual_loop {
       error = e;
       done = true;
     });
-    drive([&] { return done; }, clock::time_point::max());
+    drive([&] { return done; }, clock::time_point::max(), true);
     if (error) std::rethrow_exception(error);
     if constexpr (!std::is_void_v<T>) return std::move(*value);
   }
@@ -91,8 +91,7 @@ class virtual_loop {
   /// Runs everything that is ready and advances virtual time by `d`, firing
   /// the timers that fall due on the way.
   void run_for(std::chrono::nanoseconds d) {
-    auto until = clock_.now() + d;
-    drive([] { return false; }, until);
+    drive([] { return false; }, sluice::detail::add_saturating(clock_.now(), d), false);
   }
 
   /// Runs everything that is ready, without advancing time.
@@ -117,12 +116,12 @@ class virtual_loop {
   }
 
   template <class Done>
-  void drive(Done done, clock::time_point until) {
+  void drive(Done done, clock::time_point until, bool to_completion) {
     for (;;) {
       drain();
       if (done()) return;
-      if (clock_.empty() || clock_.next_deadline() > until) {
-        if (until != clock::time_point::max()) {
+      if (!clock_.has_due() || clock_.next_deadline() > until) {
+        if (!to_completion) {
           clock_.advance_to(until);
           drain();
           return;

@@ -24,11 +24,17 @@ namespace sluice::detail {
 // one renewal interval plus a margin after the change was seen (after the
 // server's start when nothing was recorded: a fresh or emptied server), so
 // that every live holder re-claims first; the entries of holders that do not
-// renew in that time expire at its end.
+// renew in that time expire at its end, and so do those of waiters that do
+// not ask again in that time (waiters of the old node whose clean-up was
+// lost with it: they never block the queue of the new one).
+//
+// seed(seen): the fence moves up to the highest token the calling client has
+// seen (every acquire and renewal carries it), so that a node that lost the
+// tail of the fence (replica lag, an old snapshot) never hands out a token at
+// or below one a live client saw, whatever its clock.
 //
 // fence: tokens are max(last + 1, now * 1000): strictly increasing on one
-// server, and still above the tokens of a snapshot's lost tail after a
-// restart, as long as the server's clock moved on (< 1000 grants per ms).
+// server, and above every seeded token.
 inline const std::string redis_sem_head = R"lua(
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -46,12 +52,19 @@ local function settle(grace)
   local gu = from + grace
   redis.call('HSET', KEYS[5], 'run_id', run, 'grace_until', string.format('%.0f', gu))
   if gu > now then
-    local hs = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-    for i = 1, #hs, 2 do
-      if tonumber(hs[i + 1]) > gu then redis.call('ZADD', KEYS[1], gu, hs[i]) end
+    for _, k in ipairs({KEYS[1], KEYS[3]}) do
+      local es = redis.call('ZRANGE', k, 0, -1, 'WITHSCORES')
+      for i = 1, #es, 2 do
+        if tonumber(es[i + 1]) > gu then redis.call('ZADD', k, gu, es[i]) end
+      end
     end
   end
   return gu
+end
+local function seed(seen)
+  if seen > (tonumber(redis.call('GET', KEYS[6])) or 0) then
+    redis.call('SET', KEYS[6], string.format('%.0f', seen))
+  end
 end
 local function fence()
   local f = math.max((tonumber(redis.call('GET', KEYS[6])) or 0) + 1, now * 1000)
@@ -66,11 +79,12 @@ local function expire()
 end
 )lua";
 
-// ARGV: permits, id, lease, waiter ttl, mode ('try' | 'wait'), grace.
+// ARGV: permits, id, lease, waiter ttl, mode ('try' | 'wait'), grace, seen.
 // Returns {granted, rank, fencing token}.
 inline const std::string redis_sem_acquire_lua = redis_sem_head + R"lua(
 local permits, id, lease, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local settled = now >= settle(tonumber(ARGV[6]))
+seed(tonumber(ARGV[7]))
 expire()
 local free = permits - redis.call('ZCARD', KEYS[1])
 if ARGV[5] == 'try' then
@@ -94,16 +108,17 @@ end
 return {0, rank, 0}
 )lua";
 
-// ARGV: permits, lease, grace, ids... Returns 1 (renewed) or 0 (lost) per id.
+// ARGV: permits, lease, grace, seen, ids... Returns 1 (renewed) or 0 (lost) per id.
 // A permit whose entry is gone is re-claimed only during the grace after a
 // restart (when no new grant is made); otherwise it is lost, so a holder
 // that was cut off never re-claims ahead of the queue.
 inline const std::string redis_sem_renew_lua = redis_sem_head + R"lua(
 local permits, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
 local grace_until = settle(tonumber(ARGV[3]))
+seed(tonumber(ARGV[4]))
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local out = {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   local id = ARGV[i]
   if redis.call('ZSCORE', KEYS[1], id) or
      (now < grace_until and redis.call('ZCARD', KEYS[1]) < permits) then

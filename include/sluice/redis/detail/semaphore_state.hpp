@@ -54,8 +54,9 @@ struct redis_sem_held {
   std::string id;
   std::int64_t token;
   // The lease is certain until then: local send time of the grant or of the
-  // last confirmed renewal + lease - drift margin.
+  // last confirmed renewal + lease - drift margin (see also state::certain).
   redis_clock::time_point certain_until;
+  std::string node;  // where it was granted or last renewed (Sentinel; else empty)
   redis_clock::time_point granted_at;  // for the hold time in stats()
   bool lost = false;
   bool released = false;
@@ -81,7 +82,7 @@ struct redis_sem_state {
   std::vector<std::string> keys;           // holders, queue, alive, ticket, meta, fence
   std::string prefix, channel;
   std::size_t permits;
-  std::chrono::milliseconds lease, poll, waiter_ttl, renew_every, grace, margin;
+  std::chrono::milliseconds lease, poll, waiter_ttl, renew_every, grace, margin, grace_margin;
   redis_script acquire{redis_sem_acquire_lua.c_str(), {}}, renew{redis_sem_renew_lua.c_str(), {}},
       drop{redis_sem_drop_lua.c_str(), {}}, status{redis_sem_status_lua.c_str(), {}};
   std::vector<held_ptr> held;    // permits this process holds, oldest first
@@ -96,6 +97,7 @@ struct redis_sem_state {
   std::vector<erased_handler<>> renewal_done;  // close() waiting for the loop
   std::size_t lost = 0;
   std::size_t failed_renewals = 0;
+  std::int64_t seen = 0;  // the highest fencing token this process was granted
   std::size_t failed_releases = 0;
   // stats(): every grant to this client (its wait from the call, round trips
   // included), every hold from the grant to its release or loss, every wait
@@ -113,6 +115,7 @@ struct redis_sem_state {
         renew_every(std::min(l / 3, std::chrono::milliseconds(1000))),
         grace(renew_every + std::max(renew_every / 2, std::chrono::milliseconds(300))),
         margin(l / 50 + std::chrono::milliseconds(5)),
+        grace_margin(grace / 50 + std::chrono::milliseconds(5)),
         renew_timer(conn->get_executor()),
         watchdog(conn->get_executor()) {
     prefix = "sluice:sem:{" + name + "}:";
@@ -176,10 +179,25 @@ struct redis_sem_state {
     }
   }
 
+  // Until when a permit granted or renewed on `node` at `until` (its lease
+  // bound) is certain. Through Sentinel also no longer than the last moment
+  // the sentinels' majority named that node primary + the grace - its drift:
+  // a node promoted since then grants nothing before that (its grace starts
+  // when it is first used, after the sentinels named it).
+  redis_clock::time_point certain(const std::string& node, redis_clock::time_point until) const {
+    const auto c = conn->primary_confirmed_at(node);
+    if (c == redis_clock::time_point::max()) return until;
+    if (c == redis_clock::time_point::min()) return c;
+    return std::min(until, redis_add_sat(c, grace - grace_margin));
+  }
+  redis_clock::time_point certain(const redis_sem_held& h) const {
+    return certain(h.node, h.certain_until);
+  }
+
   // Arms the watchdog for the earliest moment a held permit stops being certain.
   void arm_watchdog(const std::shared_ptr<redis_sem_state>& self) {
     auto first = redis_clock::time_point::max();
-    for (const auto& h : held) first = std::min(first, h->certain_until);
+    for (const auto& h : held) first = std::min(first, certain(*h));
     if (first == redis_clock::time_point::max() || stopped) {
       watchdog.cancel();
       return;
@@ -193,7 +211,7 @@ struct redis_sem_state {
       const auto now = redis_clock::now();
       auto copy = s->held;
       for (const auto& h : copy)
-        if (h->certain_until <= now) s->lose(h, s);
+        if (s->certain(*h) <= now) s->lose(h, s);
       s->arm_watchdog(s);
     });
   }
@@ -204,7 +222,8 @@ struct redis_sem_state {
             std::to_string(lease.count()),
             std::to_string(waiter_ttl.count()),
             mode,
-            std::to_string(grace.count())};
+            std::to_string(grace.count()),
+            std::to_string(seen)};
   }
 };
 
@@ -217,15 +236,18 @@ inline asio::awaitable<void> redis_sem_renew_loop(std::shared_ptr<redis_sem_stat
     if (st->stopped || st->held.empty()) break;
     auto batch = st->held;
     std::vector<std::string> a{std::to_string(st->permits), std::to_string(st->lease.count()),
-                               std::to_string(st->grace.count())};
+                               std::to_string(st->grace.count()), std::to_string(st->seen)};
     for (const auto& h : batch) a.push_back(h->id);
     const auto sent = redis_clock::now();
     try {
       redis::reply r = co_await redis_eval(*st->conn, st->renew, st->keys, std::move(a));
       const auto until = redis_add_sat(sent, st->lease - st->margin);
+      const std::string node = st->conn->node();
       for (std::size_t i = 0; i < batch.size() && i < r.elements.size(); ++i) {
         if (r.elements[i].integer == 1) {
+          if (batch[i]->node != node) batch[i]->certain_until = until;  // re-claimed there
           batch[i]->certain_until = std::max(batch[i]->certain_until, until);
+          batch[i]->node = node;
         } else {
           st->lose(batch[i], st);
         }
@@ -307,12 +329,22 @@ inline asio::awaitable<redis::reply> redis_sem_eval_or_drop(std::shared_ptr<redi
   }
 }
 
-// Records a grant sent at `sent`; starts the renewal loop and the watchdog.
+// Records a grant sent at `sent` (just answered); starts the renewal loop and
+// the watchdog. A grant that is not certain even now (through Sentinel: on a
+// node the sentinels' majority has not named primary lately) is dropped at
+// once: null.
 inline redis_sem_state::held_ptr redis_sem_add_held(const std::shared_ptr<redis_sem_state>& st,
                                                     std::string id, std::int64_t token,
                                                     redis_clock::time_point sent) {
-  auto h = std::make_shared<redis_sem_held>(
-      std::move(id), token, redis_add_sat(sent, st->lease - st->margin), st->conn->get_executor());
+  st->seen = std::max(st->seen, token);
+  std::string node = st->conn->node();
+  const auto until = redis_add_sat(sent, st->lease - st->margin);
+  if (st->certain(node, until) <= redis_clock::now()) {
+    st->send_drop(id, st);
+    return nullptr;
+  }
+  auto h = std::make_shared<redis_sem_held>(std::move(id), token, until, st->conn->get_executor());
+  h->node = std::move(node);
   st->held.push_back(h);
   redis_sem_start_renewal(st);
   st->arm_watchdog(st);
@@ -347,9 +379,11 @@ inline asio::awaitable<redis_sem_state::held_ptr> redis_sem_acquire(
           st->send_drop(w.id, st);
           throw system_error(asio::error::operation_aborted);
         }
-        ++st->stats.acquired;
-        st->stats.record_wait(redis_clock::now() - start);
-        co_return redis_sem_add_held(st, w.id, r.elements.at(2).integer, sent);
+        if (auto h = redis_sem_add_held(st, w.id, r.elements.at(2).integer, sent)) {
+          ++st->stats.acquired;
+          st->stats.record_wait(redis_clock::now() - start);
+          co_return h;
+        }
       }
       if (!cancelled() && !st->stopped) {
         if (!st->subscribed && !st->subscribing) co_await redis_sem_subscribe(st);

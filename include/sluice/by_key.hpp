@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_BY_KEY_HPP
+#define SLUICE_BY_KEY_HPP
+
+#include <sluice/concepts.hpp>
+#include <sluice/config.hpp>
+#include <sluice/detail/keyed_source.hpp>
+#include <sluice/map_unordered.hpp>
+#include <sluice/outcome.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+
+namespace sluice {
+
+/// Options of `sluice::by_key`.
+struct by_key_options {
+  /// The most inputs pulled and waiting for their key's room at once; past
+  /// it the input is not pulled (backpressure). At least 1.
+  std::size_t buffer = 1024;
+};
+
+/// What `sluice::by_key` returns: a key function, a per-key limit and the
+/// buffer bound, passed to `map_unordered` after its limit.
+template <class KeyFn>
+struct by_key_t {
+  KeyFn key;
+  std::size_t per_key;
+  std::size_t buffer;
+};
+
+/// A key for each input of a fan-out, and at most `per_key` tasks per key at
+/// once (hosts of a crawl, tenants, accounts): for `map_unordered(fn, inputs,
+/// limit, sluice::by_key(key, per_key, {.buffer = n}))`.
+///
+/// - A slot goes to the oldest input whose key has room, never to a task that
+///   would then wait for its key: inputs of a full key wait outside the slots,
+///   in a FIFO queue per key (order within a key is input order), until a task
+///   of their key ends. The limit is never idle while an input could start.
+/// - The input is pulled ahead of the slots only as far as `buffer` inputs
+///   (those waiting for their key); then it is not pulled until one of them
+///   starts: memory stays bounded however the keys are skewed. With an async
+///   source, one `next()` at a time still, and a key that frees while a
+///   `next()` is pending is served at once.
+/// - `key(const input&)` returns a hashable key (`std::hash`); it is called
+///   once per input, when the input is pulled. An exception it throws is an
+///   exception of the input (see `map_unordered`).
+/// - Everything else is `map_unordered`'s: fail fast (or `return_exceptions`),
+///   cancellation, backpressure of unread results, lifetimes.
+///
+/// Throws `std::invalid_argument` (nothing starts) if `per_key == 0` or
+/// `buffer == 0`.
+///
+/// @code
+/// auto host_of = [](const std::string& url) { return url.substr(0, url.find('/', 8)); };
+/// co_await sluice::for_each(
+///     sluice::map_unordered(fetch, urls, 8, sluice::by_key(host_of, 2, {.buffer = 256})),
+///     [&](page p) { store(p); });   // 8 at once, at most 2 per host, no slot idle for a host
+/// @endcode
+template <class KeyFn>
+[[nodiscard]] by_key_t<KeyFn> by_key(KeyFn key, std::size_t per_key, by_key_options o = {}) {
+  if (per_key == 0) throw std::invalid_argument("sluice::by_key: per_key must be at least 1");
+  if (o.buffer == 0) throw std::invalid_argument("sluice::by_key: buffer must be at least 1");
+  return by_key_t<KeyFn>{std::move(key), per_key, o.buffer};
+}
+
+/// A key function for the inputs of `In`: `key(const input&)` returns a key
+/// that `std::hash` and `==` accept.
+template <class KeyFn, class In>
+concept key_function = fan_out_input<In> && std::invocable < KeyFn&,
+        const fan_out_input_t<In>
+& > &&requires(std::remove_cvref_t<std::invoke_result_t<KeyFn&, const fan_out_input_t<In>&>> k) {
+  { std::hash<decltype(k)>{}(k) } -> std::convertible_to<std::size_t>;
+  { k == k } -> std::convertible_to<bool>;
+};
+
+namespace detail {
+
+template <bool Settle, class F, class In, class KeyFn>
+auto make_keyed_stream(F fn, In&& inputs, std::size_t limit, by_key_t<KeyFn> keys) {
+  using executor = task_executor_t<std::invoke_result_t<F&, fan_out_input_t<In>>>;
+  using source = keyed_source<In, KeyFn, executor>;
+  if (limit == 0)
+    throw std::invalid_argument("sluice::map_unordered: limit must be at least 1 (got 0)");
+  return make_map_stream<Settle>(
+      keyed_call<F>{std::move(fn)},
+      source(std::forward<In>(inputs), std::move(keys.key), keys.per_key, keys.buffer), limit);
+}
+
+}  // namespace detail
+
+/// `map_unordered` with a key per input and a limit per key (see
+/// `sluice::by_key`): at most `limit` tasks at once, at most `per_key` of
+/// one key, a slot always to the oldest input whose key has room.
+template <class F, class In, class KeyFn>
+requires fan_out_function<F, In> && key_function<KeyFn, In>
+[[nodiscard]] auto map_unordered(F fn, In&& inputs, std::size_t limit, by_key_t<KeyFn> keys) {
+  return detail::make_keyed_stream<false>(std::move(fn), std::forward<In>(inputs), limit,
+                                          std::move(keys));
+}
+
+/// Settling `map_unordered` by key: every input runs; results are
+/// `outcome<T>`.
+template <class F, class In, class KeyFn>
+requires fan_out_function<F, In> && key_function<KeyFn, In>
+[[nodiscard]] auto map_unordered(F fn, In&& inputs, std::size_t limit, by_key_t<KeyFn> keys,
+                                 return_exceptions_t) {
+  return detail::make_keyed_stream<true>(std::move(fn), std::forward<In>(inputs), limit,
+                                         std::move(keys));
+}
+
+}  // namespace sluice
+
+#endif  // SLUICE_BY_KEY_HPP

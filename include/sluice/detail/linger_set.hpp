@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_DETAIL_LINGER_SET_HPP
+#define SLUICE_DETAIL_LINGER_SET_HPP
+
+#include <sluice/concepts.hpp>
+#include <sluice/config.hpp>
+#include <sluice/time.hpp>
+#include <sluice/timeout.hpp>
+
+#include <sluice/detail/asio.hpp>
+
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+namespace sluice::detail {
+
+// Permits of abandoned calls that a layer keeps a while longer (provider-side
+// accounting), each held by a timer coroutine spawned on the abandoning
+// caller's executor. The set counts them and completes one join() when none
+// is left. Thread-safe (one mutex). Invariant: joiner_ is set only while
+// lingering_ > 0 and a join() waits.
+class linger_set {
+ public:
+  // Holds `held` until `until` on `ex`'s clock, then destroys it.
+  template <class Executor, class Held>
+  void hold(const Executor& ex, Held held, clock::time_point until) {
+    {
+      std::lock_guard lock(s_->mutex);
+      ++s_->lingering;
+    }
+    asio::co_spawn(ex, wait(ex, std::move(held), until), done{s_});
+  }
+
+  // Permits lingering now.
+  [[nodiscard]] std::size_t lingering() const {
+    std::lock_guard lock(s_->mutex);
+    return s_->lingering;
+  }
+
+  // Completes when no permit lingers (at once if none does). One join at a time.
+  template <class Executor>
+  asio::awaitable<void, Executor> join(Executor ex) {
+    co_await asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
+        [s = s_, ex](auto handler) {
+          std::unique_lock lock(s->mutex);
+          if (s->lingering == 0) {
+            lock.unlock();
+            asio::post(ex, std::move(handler));
+            return;
+          }
+          s->joiner = [h = std::make_shared<decltype(handler)>(std::move(handler)), ex]() mutable {
+            asio::post(ex, std::move(*h));
+          };
+        },
+        asio::use_awaitable_t<Executor>{});
+  }
+
+ private:
+  struct state {
+    mutable std::mutex mutex;
+    std::size_t lingering = 0;
+    std::function<void()> joiner;
+  };
+  struct done {
+    std::shared_ptr<state> s;
+    void operator()(const std::exception_ptr&) const {
+      std::function<void()> j;
+      {
+        std::lock_guard lock(s->mutex);
+        if (--s->lingering == 0) j = std::exchange(s->joiner, nullptr);
+      }
+      if (j) j();
+    }
+  };
+  template <class Executor, class Held>
+  static asio::awaitable<void, Executor> wait(Executor ex, [[maybe_unused]] Held held,
+                                              clock::time_point until) {
+    co_await wait_until(ex, find_virtual_clock(ex), until);
+  }
+
+  std::shared_ptr<state> s_ = std::make_shared<state>();
+};
+
+// A call was abandoned: its own timeout, the caller's cancellation, a hedge
+// that lost.
+inline bool abandoned(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const timeout_error&) {
+    return true;
+  } catch (...) {
+    return is_operation_aborted(e);
+  }
+}
+
+// Awaits next() holding `held`; when the call was abandoned and `linger` is
+// positive, `held` goes to `set` for `linger` more instead of being released.
+template <class Held, class Next>
+auto call_holding(linger_set& set, clock::duration linger, Held held, Next& next)
+    -> std::invoke_result_t<Next&> {
+  using T = task_result_t<std::invoke_result_t<Next&>>;
+  std::exception_ptr error;
+  try {
+    if constexpr (std::is_void_v<T>) {
+      co_await next();
+      co_return;
+    } else {
+      co_return co_await next();
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (linger > clock::duration::zero() && abandoned(error)) {
+    const auto ex = co_await asio::this_coro::executor;
+    set.hold(ex, std::move(held), add_saturating(sluice::now(ex), linger));
+  }
+  std::rethrow_exception(error);
+}
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_LINGER_SET_HPP
