@@ -146,7 +146,7 @@ class permit_core {
     pending_grant grant;
     co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
         [this, &grant](auto&& handler) {
-          initiate(std::forward<decltype(handler)>(handler), true, &grant);
+          this->initiate(std::forward<decltype(handler)>(handler), true, &grant);
         },
         asio::use_awaitable_t<>{});
     if (state.cancelled() != asio::cancellation_type::none) {
