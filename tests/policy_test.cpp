@@ -16,6 +16,7 @@
 #include <sluice/rate_limiter.hpp>
 #include <sluice/semaphore.hpp>
 #include <sluice/shared_semaphore.hpp>
+#include <sluice/strand_bound.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 
@@ -34,6 +35,14 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+// g++ 12 at -O1 (the TSan build) reports -Wmismatched-new-delete for the
+// frames of the coroutine lambdas that hold a whole policy: a false positive
+// (Asio's awaitable frames pair their own operator new and delete), as
+// examples/llm_batch.cpp notes.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 
 using namespace std::chrono_literals;
 using sluice::testing::virtual_loop;
@@ -166,6 +175,29 @@ TEST_CASE("a retry outside the limit re-queues; inside it holds the permit throu
   CHECK(run(true) == std::pair{ns(1s), ns(3s)});
   // Inside: A keeps the permit through its backoff; B starts only at 3 s.
   CHECK(run(false) == std::pair{ns(3s), ns(3s)});
+}
+
+TEST_CASE("retry_layer passes the backoff's on_retry hook on and counts retries", "[policy]") {
+  std::vector<std::pair<std::size_t, ns>> seen;
+  auto p = sluice::policy(sluice::retry_layer(
+      {.first = 1s,
+       .attempts = 3,
+       .jitter = sluice::no_jitter,
+       .on_retry = [&](std::size_t attempt, const std::exception_ptr&, sluice::clock::duration d) {
+         seen.emplace_back(attempt, d);
+       }}));
+  virtual_loop loop;
+  int attempts = 0;
+  const int v = loop.run([&]() -> asio::awaitable<int> {
+    co_return co_await p([&]() -> asio::awaitable<int> {
+      if (++attempts < 3) throw sluice::throttled_error("busy");
+      co_return attempts;
+    });
+  });
+  CHECK(v == 3);
+  CHECK(seen == std::vector<std::pair<std::size_t, ns>>{{1, 1s}, {2, 2s}});
+  CHECK(p.get<0>().retries() == 2);
+  CHECK(loop.now() == 3s);
 }
 
 TEST_CASE("async_call completes a callback with the result or the exception", "[policy]") {
@@ -727,11 +759,12 @@ TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
           "[policy][threads]") {
   constexpr std::size_t sessions = 64, calls = 20, cap_n = 4;
   sluice::shared_semaphore cap{cap_n};
+  asio::io_context ctx{4};
+  sluice::strand_bound<sluice::rate_limiter> rps{asio::make_strand(ctx), 1000000, 1s};
   auto p =
-      sluice::policy(sluice::shed(cap, {.max_waiting = 16}),
+      sluice::policy(sluice::shed(cap, {.max_waiting = 16}), sluice::limits(rps),
                      sluice::breaker({.failure_rate = 1.0, .window = 1000, .minimum_calls = 1000}));
   std::atomic<std::size_t> in_flight{0}, max_in_flight{0}, ok{0}, shed{0};
-  asio::io_context ctx{4};
   for (std::size_t s = 0; s < sessions; ++s) {
     asio::co_spawn(
         asio::make_strand(ctx),
@@ -765,7 +798,7 @@ TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
   CHECK(s.admitted == ok);
   CHECK(s.shed == shed);
   CHECK(s.waiting == 0);
-  CHECK(p.get<1>().stats().calls == ok);
+  CHECK(p.get<2>().stats().calls == ok);
   CHECK(cap.value() == cap_n);
 }
 

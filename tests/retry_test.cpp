@@ -664,3 +664,42 @@ TEST_CASE(
   CHECK(budget.retries() == 0);              // the retry never ran: its place is back
   CHECK(budget.retried() == 0);
 }
+
+TEST_CASE("a retry_after of the clock's range makes no attempt at the end of virtual time",
+          "[retry]") {
+  virtual_loop loop;
+  std::size_t attempts = 0;
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::retry({.attempts = 3}, [&]() -> asio::awaitable<void> {
+      ++attempts;
+      throw http_429("429", sluice::clock::duration::max());
+      co_return;
+    });
+  }),
+                  sluice::testing::deadlock_error);
+  CHECK(attempts == 1);
+  CHECK(loop.now() == 0s);
+}
+
+TEST_CASE("backoff fields take any duration and saturate it instead of overflowing", "[retry]") {
+  virtual_loop loop;
+  std::size_t attempts = 0;
+  // hours::max() in nanoseconds overflows: before, a negative `first` was refused.
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::retry({.first = std::chrono::hours::max(),
+                            .max = std::chrono::hours::max(),
+                            .attempts = 3,
+                            .jitter = sluice::no_jitter},
+                           [&]() -> asio::awaitable<void> {
+                             ++attempts;
+                             throw sluice::throttled_error("429");
+                             co_return;
+                           });
+  }),
+                  sluice::testing::deadlock_error);
+  CHECK(attempts == 1);
+  const sluice::backoff b{.first = std::chrono::duration<double>(0.25),
+                          .max = std::chrono::duration<double>(1e300)};
+  CHECK(b.first == 250ms);
+  CHECK(b.max == sluice::clock::duration::max());
+}

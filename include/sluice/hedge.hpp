@@ -135,6 +135,8 @@ struct hedge_race {
 ///   exception (hedging is for latency; retries are `retry_layer`'s job);
 ///   once both run, a failure waits for the other attempt, and when both
 ///   fail the first attempt's exception is rethrown.
+/// - `fn` (and every layer inside) runs twice at once for a hedged call:
+///   it must allow that (no state shared between its attempts).
 /// - Counted against the same limits: put `hedge` outside the limit layers
 ///   and each attempt takes them (a hedge waits for its permit like any
 ///   call). A lost attempt ends with `operation_aborted`, so a limit layer's

@@ -21,11 +21,12 @@ namespace sluice {
 /// holds them until the inner call returns: `sluice::limits(cap, rpm)`.
 ///
 /// - Budgets: what `acquire_all` accepts as lvalues (`semaphore`,
-///   `adaptive_limit`, `rate_limiter`, `token_bucket`); FIFO, cancellation
-///   and loop affinity as there (so this layer is loop-affine: for a policy
-///   shared by threads, take a thread-safe limit through `sluice::shed`).
-///   A per-call weight (`tpm.weighted(tokens)`) is not a property of the
-///   policy: take such a budget inside `fn`.
+///   `adaptive_limit`, `rate_limiter`, `token_bucket`, `shared_semaphore`,
+///   `strand_bound<L>` of those); FIFO, cancellation and thread safety as
+///   there: over `shared_semaphore` and `strand_bound<L>` budgets the layer
+///   may be shared by every thread of a server, over loop-affine ones it is
+///   loop-affine. A per-call weight (`tpm.weighted(tokens)`) is not a
+///   property of the policy: take such a budget inside `fn`.
 /// - Provider-side accounting, `linger_for(d)`: a call abandoned by a timeout
 ///   (`sluice::timeout_error`) or a cancellation (`operation_aborted`, also a
 ///   hedge that lost) keeps its permits for `d` after it ended, so that the

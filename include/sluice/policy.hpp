@@ -52,8 +52,8 @@ namespace sluice {
 /// - Thread safety: one policy may be shared by coroutines on several threads
 ///   when each of its layers is: `breaker` and `shed`'s counters are; a limit
 ///   is when it is (`shared_semaphore`, `strand_bound<L>`, the Redis limits);
-///   `retry_layer` with a `retry_budget` and `limits` over loop-affine budgets
-///   are loop-affine.
+///   `limits` is when its budgets are (`shared_semaphore`, `strand_bound<L>`);
+///   `retry_layer` with a `retry_budget` is loop-affine.
 /// - Lifetimes: the policy must outlive its calls; the limits it names must
 ///   outlive the policy. `fn` is moved into the call frame and may be called
 ///   several times (by a retry).

@@ -45,7 +45,12 @@ struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
 /// awaitable `acquire()` / `scoped_acquire()` go one step further: if the
 /// coroutine was cancelled after the grant but before it resumed, the permit is
 /// handed on and `operation_aborted` is thrown, so racing them against a
-/// timeout (`awaitable_operators ||`) never loses a permit.
+/// timeout (`awaitable_operators ||`) never loses a permit. A coroutine whose
+/// cancellation was requested before it called (one that runs on with
+/// `throw_if_cancelled(false)`) is refused at once with `operation_aborted`,
+/// by every form (`async_acquire` with a coroutine's handler too), even when
+/// a permit is free: it takes nothing and never queues. A plain callback
+/// cannot be known as cancelled before its call (a slot keeps no history).
 ///
 /// Destroying a semaphore that still has waiters completes them with
 /// `operation_aborted`. Outstanding permits must not outlive it.

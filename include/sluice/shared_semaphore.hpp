@@ -41,7 +41,9 @@ struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
 ///   (completes successfully, holds the permit), never both and never lost,
 ///   even when a release on another thread races with the cancellation. As
 ///   Asio requires of any operation, request the cancellation from the
-///   waiter's own executor (e.g. a timeout in the same coroutine).
+///   waiter's own executor (e.g. a timeout in the same coroutine). A
+///   coroutine cancelled before it called is refused at once, free permit or
+///   not, holding nothing (as `semaphore`).
 ///   `acquire()` / `scoped_acquire()` also hand on a permit granted after the
 ///   coroutine was cancelled, and throw `operation_aborted`.
 ///

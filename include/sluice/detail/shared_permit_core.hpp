@@ -344,11 +344,7 @@ void start_shared_wait(shared_permit_core& core, Handler&& handler, const char* 
                        pending_grant* pending = nullptr) {
   using op_type = shared_wait_op<std::decay_t<Handler>>;
   require_executor<std::decay_t<Handler>>(core.executor(), what);
-  if (cancel_requested(handler)) {  // cancelled before it called: refused, as start_wait does
-    post_completion(std::forward<Handler>(handler), core.executor(),
-                    error_code(asio::error::operation_aborted));
-    return;
-  }
+  if (refuse_cancelled(handler, core.executor())) return;  // cancelled before it called
   std::decay_t<Handler> h(std::forward<Handler>(handler));
   const asio::any_io_executor waiter_ex =
       stats_executor(asio::get_associated_executor(h, core.executor()));

@@ -169,8 +169,9 @@ class rate_limiter {
     check(n);
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [st = st_, n](auto handler) {
-          auto slot = asio::get_associated_cancellation_slot(handler);
           auto ex = st->conn->get_executor();
+          if (detail::refuse_cancelled(handler, ex)) return;  // cancelled before it called
+          auto slot = asio::get_associated_cancellation_slot(handler);
           auto done = [h = std::move(handler), ex](std::exception_ptr, error_code ec) mutable {
             detail::post_completion(std::move(h), ex, ec);
           };
