@@ -3,7 +3,7 @@
 // workloads as the Go, Rust, asyncio and Trio programs beside it, with the
 // same command line and the same one-line JSON answer.
 //
-//   sluice_peer <impl> <workload> <kind> <n> [unsafe]
+//   sluice_peer <impl> <workload> <kind> <n> [unsafe|default]
 //     impl      sluice | floor   (floor: the Asio lower bound of the workload)
 //               | sluice_next (stream only: read by `while (auto r = co_await s.next())`)
 //     workload  fanout   bounded fan-out, limit 100, lazy input:
@@ -19,6 +19,9 @@
 //     kind      immediate (task(i) completes at once) | suspending (one post first)
 //     n         tasks (fanout, stream) or hand-offs (handoff)
 //     unsafe    run on io_context{ASIO_CONCURRENCY_HINT_UNSAFE} (no scheduler locking)
+//     default   run on io_context{} (the default hint, what most programs use:
+//               a post takes the scheduler's lock; the others run on
+//               io_context{1}, where a post from the loop's thread does not)
 //
 // Prints {"ns": CPU ns per task or per hand-off, "sum": ..., "handoffs": ...}:
 // task(i) returns i + 1, so fanout and stream sum to n(n+1)/2; handoff's sum
@@ -185,7 +188,7 @@ long peak_rss_kib() {
 [[noreturn]] void usage() {
   std::fputs(
       "usage: sluice_peer sluice|sluice_next|floor fanout|stream|handoff immediate|suspending N "
-      "[unsafe]\n",
+      "[unsafe|default]\n",
       stderr);
   std::exit(2);
 }
@@ -197,15 +200,20 @@ int main(int argc, char** argv) try {
   const std::string impl = argv[1], workload = argv[2], k = argv[3];
   const std::int64_t n = std::atoll(argv[4]);
   const bool unsafe = argc > 5 && std::strcmp(argv[5], "unsafe") == 0;
+  const bool any_hint = argc > 5 && std::strcmp(argv[5], "default") == 0;
   if (impl == "sluice_next") next_loop = true;
   if ((impl != "sluice" && impl != "floor" && !next_loop) ||
       (k != "immediate" && k != "suspending") || n <= 0)
     usage();
   const bool s = impl != "floor", susp = k == "suspending";
 #if defined(SLUICE_USE_BOOST_ASIO)
-  const int hint = unsafe ? BOOST_ASIO_CONCURRENCY_HINT_UNSAFE : 1;
+  const int hint = unsafe     ? BOOST_ASIO_CONCURRENCY_HINT_UNSAFE
+                   : any_hint ? BOOST_ASIO_CONCURRENCY_HINT_DEFAULT
+                              : 1;
 #else
-  const int hint = unsafe ? ASIO_CONCURRENCY_HINT_UNSAFE : 1;
+  const int hint = unsafe     ? ASIO_CONCURRENCY_HINT_UNSAFE
+                   : any_hint ? ASIO_CONCURRENCY_HINT_DEFAULT
+                              : 1;
 #endif
   asio::io_context ctx(hint);
   result r;

@@ -3,6 +3,7 @@
 #define SLUICE_DETAIL_COMPLETION_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/loop_post.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -45,8 +46,8 @@ void post_completion(Handler&& handler, const Executor& fallback, Args&&... args
   auto slot = asio::get_associated_cancellation_slot(handler);
   if (slot.is_connected()) slot.clear();
   auto ex = asio::get_associated_executor(handler, fallback);
-  asio::post(ex, [h = std::forward<Handler>(handler),
-                  a = std::make_tuple(std::forward<Args>(args)...)]() mutable {
+  post_to(ex, [h = std::forward<Handler>(handler),
+               a = std::make_tuple(std::forward<Args>(args)...)]() mutable {
     std::apply(std::move(h), std::move(a));
   });
 }

@@ -139,7 +139,7 @@ class stream_core : public stream_delivery<T, Executor> {
           throw system_error(asio::error::operation_aborted, "sluice::stream::next");
         }
         c->ex_.emplace(co_await asio::this_coro::executor);
-        c->post_ex_.emplace(delivery::post_executor_for(*c->ex_));
+        c->poster_.emplace(*c->ex_);
         c->started_ = true;
         c->spawn();
       }

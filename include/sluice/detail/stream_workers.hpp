@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/loop_post.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -134,27 +135,11 @@ class stream_workers {
 
   bool finished() const noexcept { return ending() && live_ == 0; }
 
-  // What asio::post(*ex_, f) does, with the executor it makes for every post
-  // (never blocking, a fork, the default allocator) made once, at the start:
-  // one post per wave of results (or per wake) without a require and a
-  // prefer of a type-erased executor each time. An executor of the older
-  // Networking TS model goes through asio::post.
-  static auto post_executor_for(const Executor& ex) {
-    if constexpr (asio::execution::is_executor<Executor>::value) {
-      return asio::prefer(asio::require(ex, asio::execution::blocking.never),
-                          asio::execution::relationship.fork,
-                          asio::execution::allocator(std::allocator<void>()));
-    } else {
-      return ex;
-    }
-  }
+  // What asio::post(*ex_, f) does (see loop_post.hpp), with what it finds
+  // out about ex_ found out once, at the start.
   template <class F>
   void post(F&& f) {
-    if constexpr (asio::execution::is_executor<Executor>::value) {
-      post_ex_->execute(std::forward<F>(f));
-    } else {
-      asio::post(*ex_, std::forward<F>(f));
-    }
+    (*poster_)(std::forward<F>(f));
   }
 
   // Wakes the first parked worker through a post that looks again when it
@@ -229,7 +214,7 @@ class stream_workers {
   const std::size_t limit_;
   std::shared_ptr<child_set> children_;
   std::optional<Executor> ex_;
-  std::optional<decltype(post_executor_for(std::declval<const Executor&>()))> post_ex_;  // post()'s
+  std::optional<loop_poster<Executor>> poster_;  // post()'s
   std::deque<erased_handler<>> parked_;
   std::size_t used_ = 0;
   std::size_t running_ = 0;

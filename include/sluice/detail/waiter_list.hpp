@@ -153,7 +153,7 @@ class handler_op final : public Node {
     if (deferred && completes_on_loop<Handler>) {
       op->result_ = ec;
       auto ex = asio::get_associated_executor(op->handler_, op->fallback());
-      asio::post(ex, deferred_completion(op));
+      post_to(ex, deferred_completion(op));
       return;
     }
     if (op->owner != nullptr) op->owner->erase(op);  // a deferral that was refused
