@@ -6,6 +6,7 @@
 #include <sluice/detail/completion.hpp>
 #include <sluice/redis/detail/cluster_map.hpp>
 #include <sluice/redis/detail/io.hpp>
+#include <sluice/redis/detail/request.hpp>
 #include <sluice/redis/options.hpp>
 #include <sluice/redis/reply.hpp>
 
@@ -131,7 +132,7 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
     c->slot = redis_command_slot(args);
     c->args = std::move(args);
     c->handler = erased_handler<error_code, redis::reply>(std::forward<Handler>(handler), ex_);
-    if (slot.is_connected()) slot.template emplace<canceller>(c, ex_);
+    if (slot.is_connected()) slot.template emplace<redis_canceller<redis_cluster_cmd>>(c, ex_);
     ++alive_;
     line& l = lines_[c->slot];
     const int to = target(c->slot);
@@ -219,22 +220,6 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
     erased_handler<> h;
     void done() {
       if (--left == 0) h.complete();
-    }
-  };
-
-  // As redis_io's: completes the caller at once; the command goes on (its
-  // reply, or the replies of its re-sends, are read and dropped).
-  struct canceller {
-    canceller(cmd_ptr c, asio::any_io_executor e) : cmd(std::move(c)), ex(std::move(e)) {}
-    cmd_ptr cmd;
-    asio::any_io_executor ex;
-    void operator()(asio::cancellation_type_t type) const {
-      if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
-                   asio::cancellation_type::total)) == asio::cancellation_type::none)
-        return;
-      asio::post(ex, [c = cmd] {
-        if (c->handler) c->handler.complete(asio::error::operation_aborted, redis::reply{});
-      });
     }
   };
 
