@@ -10,6 +10,8 @@
 #include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
+#include <examples/support/fair_share_scenario.hpp>
+#include <support/spawned.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -18,7 +20,6 @@
 #include <cstddef>
 #include <functional>
 #include <map>
-#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -138,6 +139,29 @@ TEST_CASE("a cancelled waiter holds nothing and its key's turn passes on", "[fai
   CHECK(sem.stats("a").in_use == 0);
 }
 
+TEST_CASE("a caller cancelled before it called is refused even when a permit is free",
+          "[fair_semaphore]") {
+  sluice_test::tasks_on_loop h;
+  sluice::fair_semaphore<std::string> sem{1};
+  bool got = false;
+  auto& t = h.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    try {
+      co_await sluice::sleep(1h);  // cancelled here...
+    } catch (const sluice::system_error&) {
+    }
+    auto p = co_await sem.scoped_acquire("k");  // ...then calls, throw_if_cancelled off
+    got = true;
+  });
+  h.poll();
+  t.cancel();
+  h.poll();
+  CHECK(t.cancelled());
+  CHECK(!got);
+  CHECK(sem.value() == 1);
+  CHECK(sem.stats("k").in_use == 0);
+}
+
 TEST_CASE("a fair semaphore rejects bad input with clear errors", "[fair_semaphore]") {
   CHECK_THROWS_AS(sluice::fair_semaphore<int>{0}, std::invalid_argument);
   CHECK_THROWS_AS((sluice::fair_semaphore<int>{1, {.window = 0}}), std::invalid_argument);
@@ -155,105 +179,28 @@ TEST_CASE("a fair semaphore rejects bad input with clear errors", "[fair_semapho
 
 // ---- the noisy tenant (virtual time) -------------------------------------
 
-namespace {
-
-// 9 quiet tenants each send 2 calls every 200 ms, 10 times (20 calls each);
-// with `noisy`, tenant 9 sends 200 calls (10x) in one burst at 0. Every call
-// holds a permit of the cap of 8 for 50 ms. Returns each quiet call's wait.
-template <class Acquire>
-std::vector<nanoseconds> quiet_waits(bool noisy, Acquire acquire) {
-  virtual_loop loop;
-  std::vector<nanoseconds> waits;
-  auto call = [&](std::string tenant, bool quiet) -> asio::awaitable<void> {
-    const auto asked = loop.now();
-    auto p = co_await acquire(tenant);
-    if (quiet) waits.push_back(loop.now() - asked);
-    co_await sluice::sleep(50ms);
-  };
-  loop.run([&]() -> asio::awaitable<void> {
-    co_await sluice::task_group::run([&](sluice::task_group& g) -> asio::awaitable<void> {
-      if (noisy)
-        for (int i = 0; i < 200; ++i) g.spawn(call("noisy", false));
-      for (int round = 0; round < 10; ++round) {
-        for (int t = 0; t < 9; ++t)
-          for (int k = 0; k < 2; ++k) g.spawn(call("quiet" + std::to_string(t), true));
-        co_await sluice::sleep(200ms);
-      }
-    });
-  });
-  return waits;
-}
-
-asio::awaitable<void> take_turn(sluice::fair_semaphore<int>& sem, int t, std::vector<int>& order) {
-  auto p = co_await sem.scoped_acquire(t);
-  order.push_back(t);
-  co_await sluice::sleep(10ms);
-}
-
-nanoseconds p99(std::vector<nanoseconds> v) {
-  std::sort(v.begin(), v.end());
-  return v[(v.size() * 99 + 99) / 100 - 1];
-}
-
-}  // namespace
+namespace scenario = sluice_examples::fair_share;
 
 TEST_CASE("a noisy tenant's burst leaves the quiet tenants' p99 wait within 2x under fair shares",
           "[fair_semaphore]") {
-  auto fair = [] {
-    return [sem = std::make_shared<sluice::fair_semaphore<std::string>>(8)](std::string t) {
-      return sem->scoped_acquire(std::move(t));
-    };
-  };
-  auto fifo = [] {
-    return [sem = std::make_shared<sluice::semaphore>(8)](std::string) {
-      return sem->scoped_acquire();
-    };
-  };
-  const nanoseconds alone = p99(quiet_waits(false, fair()));
-  const nanoseconds with_fair = p99(quiet_waits(true, fair()));
-  const nanoseconds with_fifo = p99(quiet_waits(true, fifo()));
-  INFO("quiet p99 wait: alone " << alone.count() << " ns, noisy+fair " << with_fair.count()
-                                << " ns, noisy+FIFO " << with_fifo.count() << " ns");
+  const nanoseconds alone = scenario::percentile(scenario::run(false, scenario::fair()).quiet, 99);
+  const nanoseconds with_fair =
+      scenario::percentile(scenario::run(true, scenario::fair()).quiet, 99);
+  const nanoseconds with_fifo =
+      scenario::percentile(scenario::run(true, scenario::fifo()).quiet, 99);
   CHECK(alone == 100ms);  // 18 calls on 8 permits: the third wave waits 100 ms
-  CHECK(p99(quiet_waits(false, fifo())) == alone);  // without the burst FIFO is as good
-  CHECK(with_fair <= 2 * alone);
-  CHECK(with_fifo > 10 * alone);  // FIFO: behind the whole burst
+  CHECK(scenario::percentile(scenario::run(false, scenario::fifo()).quiet, 99) == alone);
+  CHECK(with_fair == 150ms);   // within 2x
+  CHECK(with_fifo == 1350ms);  // FIFO: behind the whole burst
 }
 
 TEST_CASE("while every tenant is backlogged the grants follow the weights (Jain's index >= 0.99)",
           "[fair_semaphore]") {
-  // 10 tenants, weights 1 (tenants 0-7), 2 (tenant 8) and 0.5 (tenant 9),
-  // each with 100 calls queued at once on a cap of 8. Over the grants made
-  // while all still wait, each tenant's share over its weight is the same.
-  virtual_loop loop;
-  sluice::fair_semaphore<int> sem{8};
-  std::vector<double> weight(10, 1.0);
-  weight[8] = 2;
-  weight[9] = 0.5;
-  for (int t = 0; t < 10; ++t) sem.set_weight(t, weight[t]);
-  std::vector<int> order;
-  loop.run([&]() -> asio::awaitable<void> {
-    co_await sluice::task_group::run([&](sluice::task_group& g) -> asio::awaitable<void> {
-      for (int k = 0; k < 100; ++k)
-        for (int t = 0; t < 10; ++t) g.spawn(take_turn(sem, t, order));
-      co_return;
-    });
-  });
-  // The first 8 grants were immediate (idle); tenant 8 drains first, after
-  // about 100 / (2 / 10.5) grants: count the 462 (22 whole pairs of
-  // rounds of 10.5 grants) after the first 8.
-  std::vector<double> x(10, 0.0);
-  for (std::size_t i = 8; i < 470; ++i) x[order[i]] += 1.0 / weight[order[i]];
-  double sum = 0, sq = 0;
-  for (double v : x) {
-    sum += v;
-    sq += v * v;
-  }
-  const double jain = sum * sum / (10 * sq);
-  INFO("Jain's index " << jain);
-  CHECK(jain >= 0.99);
-  for (int t = 0; t < 10; ++t) {
-    const double share = x[t] * weight[t] / 462, want = weight[t] / 10.5;
+  const std::vector<double> grants = scenario::backlogged_grants();
+  const std::vector<double> weight = scenario::weights();
+  CHECK(scenario::jain(grants) >= 0.99);
+  for (std::size_t t = 0; t < 10; ++t) {
+    const double share = grants[t] / 462, want = weight[t] / 10.5;
     CHECK(std::abs(share - want) <= 0.05 * want);
   }
 }

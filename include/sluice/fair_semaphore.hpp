@@ -61,7 +61,10 @@ struct fair_share {
 /// - Per-Operation Cancellation: as `semaphore` (terminal, partial, total): a
 ///   waiter is either removed, holding nothing, or was granted and holds the
 ///   permit; `acquire` hands a permit granted to a coroutine cancelled before
-///   it resumed on to the next waiter, and throws `operation_aborted`.
+///   it resumed on to the next waiter, and throws `operation_aborted`. A
+///   coroutine whose cancellation was requested before it called `acquire` /
+///   `scoped_acquire` is refused at once (`operation_aborted`), even when a
+///   permit is free.
 /// - Memory: an entry per key that holds, waits or is among the last
 ///   `window` grants; a key's weight once set is kept.
 /// - Throws: `permits == 0`, `window == 0`, a weight that is not a finite
@@ -177,6 +180,8 @@ class fair_semaphore {
   /// nobody waits). Throws `system_error(operation_aborted)` when cancelled,
   /// holding nothing. Pair it with `release(key)`.
   [[nodiscard]] asio::awaitable<void> acquire(Key key) {
+    const auto state = co_await asio::this_coro::cancellation_state;
+    detail::refuse_if_cancelled(state, name);
     node_type* n = node_for(key);
     if (take_free(n)) co_return;
     enqueue(n);
@@ -185,6 +190,8 @@ class fair_semaphore {
 
   /// As `acquire(key)`, returning a `permit` that releases on destruction.
   [[nodiscard]] asio::awaitable<permit> scoped_acquire(Key key) {
+    const auto state = co_await asio::this_coro::cancellation_state;
+    detail::refuse_if_cancelled(state, name);
     node_type* n = node_for(key);
     if (!take_free(n)) {
       enqueue(n);

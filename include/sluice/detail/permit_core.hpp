@@ -145,8 +145,8 @@ class permit_core {
     if (try_acquire()) co_return;
     pending_grant grant;
     co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
-        [this, &grant](auto&& handler) {
-          initiate(std::forward<decltype(handler)>(handler), true, &grant);
+        [self = this, &grant](auto&& handler) {  // not `this`: clang 14 calls it unused
+          self->initiate(std::forward<decltype(handler)>(handler), true, &grant);
         },
         asio::use_awaitable_t<>{});
     if (state.cancelled() != asio::cancellation_type::none) {
