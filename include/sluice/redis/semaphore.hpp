@@ -6,6 +6,7 @@
 #include <sluice/detail/completion.hpp>
 #include <sluice/redis/connection.hpp>
 #include <sluice/redis/detail/script.hpp>
+#include <sluice/redis/detail/semaphore_loops.hpp>
 #include <sluice/redis/detail/semaphore_ops.hpp>
 #include <sluice/redis/detail/semaphore_state.hpp>
 #include <sluice/redis/semaphore_permit.hpp>

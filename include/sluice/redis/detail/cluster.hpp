@@ -5,12 +5,13 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
 #include <sluice/redis/detail/cluster_map.hpp>
+#include <sluice/redis/detail/cluster_routing.hpp>
 #include <sluice/redis/detail/io.hpp>
+#include <sluice/redis/detail/request.hpp>
 #include <sluice/redis/options.hpp>
 #include <sluice/redis/reply.hpp>
 
 #include <sluice/detail/asio.hpp>
-#include <sluice/detail/asio_net.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -18,7 +19,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -27,27 +27,11 @@
 
 namespace sluice::detail {
 
-// One call through a cluster connection, from submit() to its completion.
-struct redis_cluster_cmd {
-  std::vector<std::string> args;
-  int slot = -1;                                     // -1: no key (the default node)
-  erased_handler<error_code, redis::reply> handler;  // empty once completed (or cancelled)
-  std::optional<redis_node_addr> ask;                // next send: ASKING, then the command there
-  bool asked = false;                                // the last send was after an ASKING
-  bool load = false;                                 // next send: SCRIPT LOAD <source> first
-  bool reloaded = false;                             // NOSCRIPT handled once
-  int redirects = 0;                                 // MOVED/ASK followed
-  int retries = 0;                                   // TRYAGAIN/CLUSTERDOWN waited out
-  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
-  std::chrono::milliseconds delay{0};  // wait before the next send
-};
-
 // The state behind a cluster redis::connection: a router over one redis_io
-// per node it uses (each applying the options: AUTH, TLS, timeouts).
+// per node it uses (each applying the options: AUTH, TLS, timeouts; the nodes
+// and the slot map are redis_cluster_nodes, cluster_routing.hpp).
 //
 // Invariants:
-// - owner_[slot] is the node index serving the slot as last learnt (a
-//   CLUSTER SLOTS reply or a MOVED), -1 if unknown (sent to the default node).
 // - Order per slot: a slot's line sends to one node at a time. A command is
 //   sent at once only if its line's queue is empty and its in-flight commands
 //   (if any) went to the node it would go to; otherwise it queues. A command
@@ -65,50 +49,23 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
   static constexpr int max_redirects = 16;
 
   redis_cluster(asio::any_io_executor ex, redis::options opts)
-      : ex_(std::move(ex)), opts_(std::move(opts)), owner_(redis_slot_count, -1) {}
+      : ex_(std::move(ex)), nodes_(ex_, std::move(opts)) {}
   redis_cluster(const redis_cluster&) = delete;
   redis_cluster& operator=(const redis_cluster&) = delete;
 
   const asio::any_io_executor& executor() const noexcept { return ex_; }
-  const redis::options& opts() const noexcept { return opts_; }
+  const redis::options& opts() const noexcept { return nodes_.opts(); }
   std::size_t pending() const noexcept { return alive_; }
   redis_io::state current() const noexcept {
-    return closed_ ? redis_io::state::closed : ios_.at(default_)->current();
+    return closed_ ? redis_io::state::closed : default_io().current();
   }
   // The primaries of the last map, the default node first (connect_again()'s seeds).
-  std::vector<redis_node_addr> primaries() const {
-    std::vector<redis_node_addr> out{addrs_.at(default_)};
-    for (int i : owner_)
-      if (i >= 0 && std::find(out.begin(), out.end(), addrs_[i]) == out.end())
-        out.push_back(addrs_[i]);
-    return out;
-  }
-  int owner(int slot) const { return owner_.at(slot); }
-  const redis_node_addr& addr(int node) const { return addrs_.at(node); }
+  std::vector<redis_node_addr> primaries() const { return nodes_.primaries(); }
+  int owner(int slot) const { return nodes_.owner(slot); }
+  const redis_node_addr& addr(int node) const { return nodes_.addr(node); }
 
   // The node for `a` (its index), opening a redis_io for it on first use.
-  int node(const redis_node_addr& a) {
-    const auto it = index_.find(a.str());
-    if (it != index_.end()) return it->second;
-    std::vector<redis_io::endpoint_type> eps;
-    error_code ec;
-    const auto ip = asio::ip::make_address(a.host, ec);
-    if (!ec) {
-      eps.emplace_back(asio::ip::tcp::endpoint(ip, a.port));
-    } else {  // a node announced by name: resolved once, blocking (rare: hostname endpoints)
-      asio::ip::tcp::resolver resolver(ex_);
-      for (const auto& e : resolver.resolve(a.host, std::to_string(a.port), ec))
-        eps.emplace_back(e.endpoint());
-    }
-    redis::options o = opts_;
-    o.host = a.host;
-    o.port = a.port;
-    ios_.push_back(std::make_shared<redis_io>(ex_, std::move(eps), true, std::move(o)));
-    addrs_.push_back(a);
-    const int i = static_cast<int>(ios_.size() - 1);
-    index_.emplace(a.str(), i);
-    return i;
-  }
+  int node(const redis_node_addr& a) { return nodes_.node(a); }
 
   // Queues one command; the handler gets (error_code, reply). Throws
   // std::invalid_argument for an empty or a refused command.
@@ -131,10 +88,10 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
     c->slot = redis_command_slot(args);
     c->args = std::move(args);
     c->handler = erased_handler<error_code, redis::reply>(std::forward<Handler>(handler), ex_);
-    if (slot.is_connected()) slot.template emplace<canceller>(c, ex_);
+    if (slot.is_connected()) slot.template emplace<redis_canceller<redis_cluster_cmd>>(c, ex_);
     ++alive_;
     line& l = lines_[c->slot];
-    const int to = target(c->slot);
+    const int to = nodes_.target(c->slot);
     if (!l.queue.empty() || (l.inflight > 0 && l.node != to)) {
       l.queue.push_back(std::move(c));
       return;
@@ -157,27 +114,27 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
                       redis::make_error_code(redis::errc::closed));
       return;
     }
-    ios_.at(default_)->wait_open(std::forward<Handler>(handler));
+    default_io().wait_open(std::forward<Handler>(handler));
   }
 
   // Completes once no socket operation or retry timer is outstanding.
   template <class Handler>
   void wait_idle(Handler&& handler) {
     auto j = std::make_shared<idle_join>();
-    j->left = ios_.size() + 1;
+    j->left = nodes_.ios().size() + 1;
     j->h = erased_handler<>(std::forward<Handler>(handler), ex_);
-    for (auto& io : ios_) io->wait_idle([j] { j->done(); });
+    for (auto& io : nodes_.ios()) io->wait_idle([j] { j->done(); });
     idle_waiters_.push_back(std::move(j));
     maybe_idle();
   }
 
   void on_message(std::function<void(const redis::reply&)> f) {
     on_message_ = std::move(f);
-    if (!closed_) ios_.at(default_)->on_message(on_message_);
+    if (!closed_) default_io().on_message(on_message_);
   }
   void on_lost(std::function<void()> f) {
     on_lost_ = std::move(f);
-    if (!closed_) ios_.at(default_)->on_lost(on_lost_);
+    if (!closed_) default_io().on_lost(on_lost_);
   }
 
   // Closes for good: queued, in-flight and later calls fail with errc::closed.
@@ -196,7 +153,7 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
       }
       for (auto& c : q) finish(c, redis::make_error_code(redis::errc::closed), {});
     }
-    for (auto& io : ios_) io->shutdown();
+    for (auto& io : nodes_.ios()) io->shutdown();
     auto w = std::move(refresh_waiters_);
     refresh_waiters_.clear();
     for (auto& h : w) h.complete(redis::make_error_code(redis::errc::closed), std::string());
@@ -222,32 +179,12 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
     }
   };
 
-  // As redis_io's: completes the caller at once; the command goes on (its
-  // reply, or the replies of its re-sends, are read and dropped).
-  struct canceller {
-    canceller(cmd_ptr c, asio::any_io_executor e) : cmd(std::move(c)), ex(std::move(e)) {}
-    cmd_ptr cmd;
-    asio::any_io_executor ex;
-    void operator()(asio::cancellation_type_t type) const {
-      if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
-                   asio::cancellation_type::total)) == asio::cancellation_type::none)
-        return;
-      asio::post(ex, [c = cmd] {
-        if (c->handler) c->handler.complete(asio::error::operation_aborted, redis::reply{});
-      });
-    }
-  };
-
-  int target(int slot) const {
-    return slot >= 0 && owner_[static_cast<std::size_t>(slot)] >= 0
-               ? owner_[static_cast<std::size_t>(slot)]
-               : default_;
-  }
+  redis_io& default_io() const { return nodes_.io(nodes_.default_node()); }
 
   void send(line& l, const cmd_ptr& c, int to) {
     ++l.inflight;
     l.node = to;
-    auto& io = *ios_.at(to);
+    auto& io = nodes_.io(to);
     if (c->load)
       io.submit({"SCRIPT", "LOAD", scripts_.at(c->args.at(1))},
                 [](error_code, const redis::reply&) {});
@@ -266,8 +203,8 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
   }
 
   std::chrono::milliseconds budget() const {
-    return opts_.command_timeout.count() > 0 ? opts_.command_timeout
-                                             : std::chrono::milliseconds(5000);
+    return opts().command_timeout.count() > 0 ? opts().command_timeout
+                                              : std::chrono::milliseconds(5000);
   }
 
   // Whether `c`, answered `r` by node `from`, must be sent again (and how).
@@ -275,12 +212,12 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
     if (!r.is_error()) return false;
     if (auto rd = redis_parse_redirect(r.str)) {
       if (++c->redirects > max_redirects) return false;
-      if (rd->to.host.empty()) rd->to.host = addrs_.at(from).host;
+      if (rd->to.host.empty()) rd->to.host = nodes_.addr(from).host;
       if (rd->ask) {
         c->ask = rd->to;
         node(rd->to);
       } else {
-        owner_.at(static_cast<std::size_t>(rd->slot)) = node(rd->to);
+        nodes_.set_owner(rd->slot, node(rd->to));
         request_refresh();
       }
       return true;
@@ -306,7 +243,7 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
         scripts_.count(c->args.at(1)) != 0) {
       c->reloaded = true;
       c->load = true;
-      if (c->asked) c->ask = addrs_.at(from);  // the node that said NOSCRIPT, again after ASKING
+      if (c->asked) c->ask = nodes_.addr(from);  // the node that said NOSCRIPT, again after ASKING
       return true;
     }
     return false;
@@ -366,11 +303,11 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
     }
     if (front->redirects > 0 || front->retries > 0 || front->reloaded) {
       l.alone = true;
-      const int to = front->ask ? node(*front->ask) : target(slot);
+      const int to = front->ask ? node(*front->ask) : nodes_.target(slot);
       send(l, front, to);
       return;
     }
-    const int to = target(slot);
+    const int to = nodes_.target(slot);
     auto q = std::move(l.queue);
     l.queue.clear();
     for (auto& c : q) send(l, c, to);
@@ -381,16 +318,16 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
       again_ = true;
       return;
     }
-    if (closed_ || ios_.empty()) {
+    if (closed_ || nodes_.ios().empty()) {
       auto w = std::move(refresh_waiters_);
       refresh_waiters_.clear();
       for (auto& h : w) h.complete(redis::make_error_code(redis::errc::closed), std::string());
       return;
     }
     refreshing_ = true;
-    std::vector<int> order{default_};
-    for (int i = 0; i < static_cast<int>(ios_.size()); ++i)
-      if (i != default_) order.push_back(i);
+    std::vector<int> order{nodes_.default_node()};
+    for (int i = 0; i < static_cast<int>(nodes_.ios().size()); ++i)
+      if (i != nodes_.default_node()) order.push_back(i);
     ask_slots(std::move(order), 0, {}, {});
   }
 
@@ -401,11 +338,11 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
       return refreshed(last ? last : redis::make_error_code(redis::errc::protocol_error),
                        std::move(text));
     const int n = order[i];
-    ios_.at(n)->submit({"CLUSTER", "SLOTS"}, [self = shared_from_this(), order = std::move(order),
-                                              i, n](error_code ec, redis::reply r) mutable {
+    nodes_.io(n).submit({"CLUSTER", "SLOTS"}, [self = shared_from_this(), order = std::move(order),
+                                               i, n](error_code ec, redis::reply r) mutable {
       if (!ec && !r.is_error()) {
         try {
-          self->apply(redis_parse_slots(r, self->addrs_.at(n).host));
+          self->set_default(self->nodes_.apply(redis_parse_slots(r, self->nodes_.addr(n).host)));
           return self->refreshed({}, {});
         } catch (const std::exception& e) {
           r.str = e.what();
@@ -427,29 +364,16 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
     }
   }
 
-  void apply(const std::vector<redis_slot_range>& ranges) {
-    if (ranges.empty()) throw std::runtime_error("CLUSTERDOWN: the cluster serves no slot");
-    std::vector<int> owners(redis_slot_count, -1);
-    bool default_serves = false;
-    for (const auto& r : ranges) {
-      const int n = node(r.at);
-      default_serves = default_serves || n == default_;
-      std::fill(owners.begin() + r.first, owners.begin() + r.last + 1, n);
-    }
-    owner_ = std::move(owners);
-    if (!default_serves) set_default(node(ranges.front().at));
-  }
-
   // The default node (commands without keys, SUBSCRIBE) moves to a node that
   // serves slots; the pub/sub hooks move with it, and the lost hook runs (a
   // subscriber subscribes again, now there).
   void set_default(int n) {
-    if (n == default_) return;
-    ios_.at(default_)->on_message(nullptr);
-    ios_.at(default_)->on_lost(nullptr);
-    default_ = n;
-    ios_.at(n)->on_message(on_message_);
-    ios_.at(n)->on_lost(on_lost_);
+    if (n == nodes_.default_node()) return;
+    default_io().on_message(nullptr);
+    default_io().on_lost(nullptr);
+    nodes_.set_default_node(n);
+    nodes_.io(n).on_message(on_message_);
+    nodes_.io(n).on_lost(on_lost_);
     if (on_lost_) asio::post(ex_, [f = on_lost_] { f(); });
   }
 
@@ -461,12 +385,7 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
   }
 
   asio::any_io_executor ex_;
-  redis::options opts_;
-  std::vector<std::shared_ptr<redis_io>> ios_;  // one per node used, never removed
-  std::vector<redis_node_addr> addrs_;          // same index
-  std::unordered_map<std::string, int> index_;  // "host:port" -> index
-  std::vector<int> owner_;                      // slot -> node index, -1 unknown
-  int default_ = 0;
+  redis_cluster_nodes nodes_;
   std::unordered_map<int, line> lines_;                   // slot -> its line, while busy
   std::unordered_map<std::string, std::string> scripts_;  // sha -> source (SCRIPT LOAD)
   std::size_t alive_ = 0;

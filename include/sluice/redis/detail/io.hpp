@@ -5,16 +5,14 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
 #include <sluice/redis/detail/locator.hpp>
+#include <sluice/redis/detail/request.hpp>
 #include <sluice/redis/detail/resp.hpp>
-#include <sluice/redis/detail/tls.hpp>
+#include <sluice/redis/detail/transport.hpp>
 #include <sluice/redis/options.hpp>
 #include <sluice/redis/reply.hpp>
 
 #include <sluice/detail/asio.hpp>
 #include <sluice/detail/asio_net.hpp>
-
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 
 #include <array>
 #include <chrono>
@@ -22,20 +20,11 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace sluice::detail {
-
-// One call waiting for its reply. The handler is empty once it has completed
-// (a cancelled call stays queued: its reply is still read and dropped).
-struct redis_request {
-  erased_handler<error_code, redis::reply> handler;
-  std::chrono::steady_clock::time_point deadline{};  // command_timeout; set once sent
-  bool internal = false;  // AUTH/SELECT of the handshake: an error reply drops the connection
-};
 
 // The state behind a redis::connection, shared with its pending I/O handlers.
 //
@@ -61,42 +50,21 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   redis_io(asio::any_io_executor ex, std::vector<endpoint_type> endpoints, bool tcp,
            redis::options opts = {})
       : ex_(std::move(ex)),
-        socket_(ex_),
+        transport_(ex_),
         timer_(ex_),
         endpoints_(std::move(endpoints)),
         tcp_(tcp),
         opts_(std::move(opts)) {
-    if (opts_.tls) {
-#if defined(SLUICE_REDIS_TLS)
-      if (!tcp_)
-        throw std::invalid_argument("sluice::redis: options::tls needs TCP, not a Unix socket");
-      tls_ctx_ = redis_tls_context(*opts_.tls);
-#else
-      throw std::invalid_argument(
-          "sluice::redis: options::tls needs TLS support: define SLUICE_REDIS_TLS in every "
-          "translation unit and link OpenSSL (CMake: link sluice::redis_tls instead of "
-          "sluice::redis)");
-#endif
-    }
+    transport_.configure(opts_, tcp_);
   }
   redis_io(const redis_io&) = delete;
   redis_io& operator=(const redis_io&) = delete;
 
-  const asio::any_io_executor& executor() const noexcept {
-    return ex_;
-  }
-  const std::vector<endpoint_type>& endpoints() const noexcept {
-    return endpoints_;
-  }
-  bool tcp() const noexcept {
-    return tcp_;
-  }
-  const redis::options& opts() const noexcept {
-    return opts_;
-  }
-  const std::shared_ptr<redis_locator>& locator() const noexcept {
-    return locator_;
-  }
+  const asio::any_io_executor& executor() const noexcept { return ex_; }
+  const std::vector<endpoint_type>& endpoints() const noexcept { return endpoints_; }
+  bool tcp() const noexcept { return tcp_; }
+  const redis::options& opts() const noexcept { return opts_; }
+  const std::shared_ptr<redis_locator>& locator() const noexcept { return locator_; }
 
   // Follow `loc` (Sentinel): every connect asks it where to go, and a
   // -READONLY reply (the node was demoted) resets the connection. Once, before use.
@@ -118,23 +86,13 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     if (state_ == state::open && !(host == host_ && port == port_))
       fail(redis::make_error_code(redis::errc::connection_lost));
   }
-  state current() const noexcept {
-    return state_;
-  }
-  std::size_t pending() const noexcept {
-    return pending_.size();
-  }
+  state current() const noexcept { return state_; }
+  std::size_t pending() const noexcept { return pending_.size(); }
   // "host:port" where the locator pointed last; empty without a locator.
-  std::string node() const {
-    return locator_ ? host_ + ":" + port_ : std::string();
-  }
+  std::string node() const { return locator_ ? host_ + ":" + port_ : std::string(); }
 
-  void on_message(std::function<void(const redis::reply&)> f) {
-    on_message_ = std::move(f);
-  }
-  void on_lost(std::function<void()> f) {
-    on_lost_ = std::move(f);
-  }
+  void on_message(std::function<void(const redis::reply&)> f) { on_message_ = std::move(f); }
+  void on_lost(std::function<void()> f) { on_lost_ = std::move(f); }
 
   // Queues one command; the handler gets (error_code, reply).
   template <class Handler>
@@ -148,7 +106,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     auto slot = asio::get_associated_cancellation_slot(handler);
     auto req = std::make_shared<redis_request>();
     req->handler = erased_handler<error_code, redis::reply>(std::forward<Handler>(handler), ex_);
-    if (slot.is_connected()) slot.template emplace<canceller>(req, ex_);
+    if (slot.is_connected()) slot.template emplace<redis_canceller<redis_request>>(req, ex_);
     const std::string& name = args.front();
     if (name == "SUBSCRIBE" || name == "PSUBSCRIBE" || name == "subscribe" || name == "psubscribe")
       subscriber_ = true;
@@ -211,29 +169,10 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   }
 
  private:
-  // Installed in a call's cancellation slot: completes the call with
-  // operation_aborted from a post (it may not clear the slot it runs from).
-  // The request stays queued, so its reply is still consumed in order.
-  struct canceller {
-    canceller(std::shared_ptr<redis_request> r, asio::any_io_executor e)
-        : req(std::move(r)), ex(std::move(e)) {}
-    std::shared_ptr<redis_request> req;
-    asio::any_io_executor ex;
-    void operator()(asio::cancellation_type_t type) const {
-      if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
-                   asio::cancellation_type::total)) == asio::cancellation_type::none)
-        return;
-      asio::post(ex, [r = req] {
-        if (r->handler) r->handler.complete(asio::error::operation_aborted, redis::reply{});
-      });
-    }
-  };
-
   void start_connect() {
     state_ = state::connecting;
     ++gen_;
-    error_code ignored;
-    lowest().close(ignored);
+    transport_.close();
     connect_deadline_ = clock::now() + opts_.connect_timeout;
     arm_timer();
     if (locator_) {  // Sentinel: where is the primary now? (within connect_timeout)
@@ -258,14 +197,10 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   }
 
   void start_socket() {
-    socket_ = socket_type(ex_);
-#if defined(SLUICE_REDIS_TLS)
-    tls_.reset();  // its last operations keep it alive until they end
-    if (tls_ctx_) tls_ = redis_tls_open(ex_, *tls_ctx_, *opts_.tls, host_);
-#endif
+    transport_.reset(ex_, opts_, host_);
     reader_.reset();
     ++io_ops_;
-    asio::async_connect(lowest(), endpoints_,
+    asio::async_connect(transport_.lowest(), endpoints_,
                         [self = shared_from_this(), gen = gen_](
                             error_code ec, const endpoint_type&) { self->on_connect(gen, ec); });
   }
@@ -274,28 +209,22 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     --io_ops_;
     if (gen != gen_) return maybe_idle();
     if (ec) return fail(ec);
-    if (tcp_) set_tcp_options();
-#if defined(SLUICE_REDIS_TLS)
-    if (tls_) {  // still `connecting`: the connect timeout covers the handshake
+    if (tcp_) transport_.set_tcp_options(opts_.keepalive);
+    if (transport_.tls()) {  // still `connecting`: the connect timeout covers the handshake
       ++io_ops_;
-      tls_->async_handshake(asio::ssl::stream_base::client,
-                            [self = shared_from_this(), gen, keep = tls_](error_code e) {
-                              self->on_handshake(gen, e);
-                            });
+      transport_.async_handshake(
+          [self = shared_from_this(), gen](error_code e) { self->on_handshake(gen, e); });
       return;
     }
-#endif
     on_open();
   }
 
-#if defined(SLUICE_REDIS_TLS)
   void on_handshake(unsigned gen, error_code ec) {
     --io_ops_;
     if (gen != gen_) return maybe_idle();
     if (ec) return fail(ec);  // e.g. "certificate verify failed"
     on_open();
   }
-#endif
 
   // The socket is ready for commands: AUTH/SELECT first, then the queue.
   void on_open() {
@@ -315,21 +244,13 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     auto done = [self = shared_from_this(), gen = gen_](error_code ec, std::size_t n) {
       self->on_read(gen, ec, n);
     };
-#if defined(SLUICE_REDIS_TLS)
-    if (tls_) {
-      tls_->async_read_some(
-          asio::buffer(rbuf_),
-          [done = std::move(done), keep = tls_](error_code ec, std::size_t n) { done(ec, n); });
-      return;
-    }
-#endif
-    socket_.async_read_some(asio::buffer(rbuf_), std::move(done));
+    transport_.async_read_some(asio::buffer(rbuf_), std::move(done));
   }
 
   void on_read(unsigned gen, error_code ec, std::size_t n) {
     --io_ops_;
     if (gen != gen_) return maybe_idle();
-    if (ec) return fail(lost_because(ec));
+    if (ec) return fail(redis_transport::lost_because(ec));
     if (!reader_.feed(rbuf_.data(), n))
       return fail(redis::make_error_code(redis::errc::protocol_error));
     for (;;) {
@@ -369,25 +290,6 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
       req->internal = true;
       pending_.push_front(std::move(req));
     }
-  }
-
-  // The socket of this generation (inside the TLS stream when there is one).
-  socket_type& lowest() noexcept {
-#if defined(SLUICE_REDIS_TLS)
-    if (tls_) return tls_->next_layer();
-#endif
-    return socket_;
-  }
-
-  void set_tcp_options() {
-    error_code ec;
-    socket_type& s = lowest();
-    s.set_option(asio::ip::tcp::no_delay(true), ec);
-    if (!opts_.keepalive) return;
-    s.set_option(asio::socket_base::keep_alive(true), ec);
-    s.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPIDLE>(15), ec);
-    s.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPINTVL>(5), ec);
-    s.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPCNT>(3), ec);
   }
 
   void set_deadline(redis_request& r) const {
@@ -437,15 +339,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     auto done = [self = shared_from_this(), gen = gen_](error_code ec, std::size_t) {
       self->on_write(gen, ec);
     };
-#if defined(SLUICE_REDIS_TLS)
-    if (tls_) {
-      asio::async_write(
-          *tls_, asio::buffer(writing_),
-          [done = std::move(done), keep = tls_](error_code ec, std::size_t n) { done(ec, n); });
-      return;
-    }
-#endif
-    asio::async_write(socket_, asio::buffer(writing_), std::move(done));
+    transport_.async_write(asio::buffer(writing_), std::move(done));
   }
 
   void on_write(unsigned gen, error_code ec) {
@@ -456,27 +350,15 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
       start_write();  // bytes queued for a newer socket
       return maybe_idle();
     }
-    if (ec) return fail(lost_because(ec));
+    if (ec) return fail(redis_transport::lost_because(ec));
     start_write();
-  }
-
-  // What a failed read or write reports: what TLS said (a server that
-  // rejects the client's certificate sends its alert with the first reply),
-  // else errc::connection_lost.
-  static error_code lost_because(error_code ec) {
-#if defined(SLUICE_REDIS_TLS)
-    if (ec.category() == asio::error::get_ssl_category()) return ec;
-#endif
-    (void)ec;
-    return redis::make_error_code(redis::errc::connection_lost);
   }
 
   // Drops the socket and fails every call queued or waiting on it.
   void fail(error_code ec) {
     if (state_ != state::closed) state_ = state::broken;
     ++gen_;
-    error_code ignored;
-    lowest().close(ignored);
+    transport_.close();
     out_.clear();
     subscriber_ = false;
     auto pending = std::move(pending_);
@@ -501,7 +383,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   }
 
   asio::any_io_executor ex_;
-  socket_type socket_;
+  redis_transport transport_;  // this generation's stream (TLS or plain)
   asio::steady_timer timer_;
   std::vector<endpoint_type> endpoints_;
   bool tcp_;
@@ -509,10 +391,6 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   std::string host_ = opts_.host;           // for TLS; where the locator pointed
   std::string port_;                        // the locator's port ("" without one)
   std::shared_ptr<redis_locator> locator_;  // Sentinel; null for a fixed address
-#if defined(SLUICE_REDIS_TLS)
-  std::shared_ptr<asio::ssl::context> tls_ctx_;  // options::tls, loaded once
-  std::shared_ptr<redis_tls_stream> tls_;        // this generation's; owns its socket
-#endif
   clock::time_point connect_deadline_{};
   clock::time_point armed_for_{};
   bool timer_armed_ = false;
