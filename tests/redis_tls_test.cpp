@@ -298,10 +298,21 @@ TEST_CASE("TLS: a server that rejects the client's certificate says so, not 'con
     return what;
   };
   auto o = client_auth_server().options();  // no client certificate
-  const std::string none = attempt(o);
-  INFO(none);
-  CHECK(none.find("certificate") != std::string::npos);
-  CHECK(none.find("lost") == std::string::npos);
+  // Under TLS 1.3 the server checks the client's certificate after the
+  // handshake and sends its alert as it closes; on a loaded machine the RST
+  // that answers the client's first request can reach the client before it
+  // has read that alert (then "connection lost" is all the socket says: seen
+  // once in ten runs at load 22). Every attempt fails; at least one of three
+  // reads the alert, which the old code never reported.
+  std::vector<std::string> seen;
+  for (int i = 0; i < 3; ++i) {
+    seen.push_back(attempt(o));
+    CHECK_FALSE(seen.back().empty());
+    if (seen.back().find("certificate") != std::string::npos) break;
+  }
+  INFO(seen.front());
+  CHECK(seen.back().find("certificate") != std::string::npos);
+  CHECK(seen.back().find("lost") == std::string::npos);
   o.tls->cert_file = certs().server_cert;  // signed by the CA the server trusts
   o.tls->key_file = certs().server_key;
   CHECK(attempt(o).empty());
