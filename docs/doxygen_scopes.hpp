@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSL-1.0
-// Read by Doxygen only (docs/Doxyfile), never compiled. queue.hpp specializes
+// Read by Doxygen only (docs/Doxyfile), never compiled. queue_error.hpp specializes
 // boost::system::is_error_code_enum; Doxygen does not read Boost, cannot find
 // the enclosing scope and warns "Internal inconsistency: scope ... not found".
 // Declaring the scope here silences that quirk; EXCLUDE_SYMBOLS keeps `boost`

@@ -38,6 +38,15 @@ adaptive_limit::options still(std::size_t initial, std::size_t min = 1, std::siz
           .algorithm = sluice::aimd{.increase = 0, .backoff = 1.0}};
 }
 
+// Takes every free place at once and reports each a success; returns how many.
+template <class Executor>
+std::size_t succeed_a_round(adaptive_limit& cap, const Executor& ex) {
+  std::vector<adaptive_limit::permit> ps;
+  while (auto p = cap.try_acquire(ex)) ps.push_back(std::move(p));
+  for (auto& p : ps) p.succeeded();
+  return ps.size();
+}
+
 void check_against_oracle(const sluice_examples::capacity::result& r,
                           const sluice_examples::capacity::result& oracle) {
   INFO(r.name << ": makespan " << std::chrono::duration<double>(r.makespan).count() << " s, oracle "
@@ -157,13 +166,8 @@ TEST_CASE("aimd adds one per round of successes and multiplies by backoff on a t
                       .algorithm = sluice::aimd{.increase = 1, .backoff = 0.5}}};
   auto ex = h.loop.get_executor();
   auto round = [&] {
-    std::vector<adaptive_limit::permit> ps;
     const std::size_t n = cap.limit();
-    for (std::size_t i = 0; i < n; ++i) ps.push_back(cap.try_acquire(ex));
-    for (auto& p : ps) {
-      REQUIRE(p);
-      p.succeeded();
-    }
+    REQUIRE(succeed_a_round(cap, ex) == n);
   };
   round();
   CHECK(cap.limit() == 4);  // 4 + 4 * 1/4 ... just under 5 in floating point, or 5
@@ -196,9 +200,7 @@ TEST_CASE("the limit never leaves min and max", "[adaptive_limit]") {
     CHECK(cap.limit() == 2);
   }
   for (int i = 0; i < 200; ++i) {
-    std::vector<adaptive_limit::permit> ps;
-    while (auto p = cap.try_acquire(ex)) ps.push_back(std::move(p));
-    for (auto& p : ps) p.succeeded();
+    succeed_a_round(cap, ex);
     CHECK(cap.limit() >= 2);
     CHECK(cap.limit() <= 5);
   }
@@ -662,4 +664,22 @@ TEST_CASE("a classify that throws ends run with callback_error, the call's error
   CHECK(nested == thrown);
   CHECK(cap.in_flight() == 0);  // the place is back
   CHECK(cap.throttles() + cap.drops() + cap.successes() == 0);
+}
+
+TEST_CASE("after many rounds at max, one throttle lowers the limit to floor(max * backoff)",
+          "[adaptive_limit]") {
+  // The estimate is clamped at max: successes at max do not pile up above it
+  // (which would make the next decrease land above max, absorbed unseen).
+  tasks_on_loop h;
+  adaptive_limit cap{{.initial = 8,
+                      .min = 1,
+                      .max = 8,
+                      .algorithm = sluice::aimd{.increase = 1, .backoff = 0.5, .hold = 0}}};
+  auto ex = h.loop.get_executor();
+  for (int round = 0; round < 100; ++round) REQUIRE(succeed_a_round(cap, ex) == 8);
+  CHECK(cap.limit() == 8);
+  cap.try_acquire(ex).throttled();
+  CHECK(cap.limit() == 4);
+  cap.try_acquire(ex).throttled();
+  CHECK(cap.limit() == 2);
 }

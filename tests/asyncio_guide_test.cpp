@@ -466,7 +466,10 @@ TEST_CASE("guide: throw_if_cancelled off lets a cancelled coroutine clean up", "
         failure = std::current_exception();  // no co_await inside a catch block
       }
       if (failure) {
-        co_await sluice::sleep(1s);  // cleanup can still wait: this co_await does not throw
+        // Every sluice wait refuses a caller whose cancellation was requested:
+        // a cleanup that waits starts from a fresh cancellation state.
+        co_await asio::this_coro::reset_cancellation_state();
+        co_await sluice::sleep(1s);  // cleanup can still wait
         cleaned_up = true;
         std::rethrow_exception(failure);
       }

@@ -321,3 +321,36 @@ TEST_CASE("seeded runs keep the caps, per-key FIFO and the reference schedule's 
     CHECK(loop.now() == reference_makespan(in, limit, per_key, buffer));
   }
 }
+
+namespace {
+
+// An async source whose next() never suspends.
+struct ready_source {
+  std::vector<job> items;
+  std::size_t at = 0;
+  asio::awaitable<std::optional<job>> next() {
+    if (at == items.size()) co_return std::nullopt;
+    co_return items[at++];
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an async source whose next() completes without suspending is pulled to its end",
+          "[by_key]") {
+  // The pull may finish inside the call that starts it: no wake-up is lost.
+  virtual_loop loop;
+  trace t;
+  loop.run([&]() -> asio::awaitable<void> {
+    // (Made here, not inside the co_await: g++ 12 may destroy such
+    // temporaries twice.)
+    ready_source src{jobs("aabc", 100ms)};
+    co_await sluice::for_each(sluice::map_unordered([&](job j) { return work(loop, t, j); },
+                                                    std::move(src), 2, sluice::by_key(key_of, 1)),
+                              [](int) {});
+  });
+  CHECK(t.finished == 4);
+  CHECK(loop.now() == 200ms);
+  CHECK(started(t, 2) == 0ms);    // b: beside the first a
+  CHECK(started(t, 3) == 100ms);  // c: beside the second a
+}

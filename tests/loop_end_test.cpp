@@ -14,16 +14,21 @@
 #include <sluice/semaphore.hpp>
 #include <sluice/token_bucket.hpp>
 
+#include <sluice/detail/loop_service.hpp>
+
 #include <support/asio.hpp>
 #include <support/lifetime.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -356,4 +361,98 @@ TEST_CASE(
   run_until(live, *flag);
   CHECK(later);
   CHECK(lifetime_counter::live() == before);
+}
+
+namespace {
+
+// A hook that records its on_end calls in `log` under its name.
+struct named_hook : sluice::detail::loop_hook {
+  named_hook(std::string n, std::vector<std::string>& l) : name(std::move(n)), log(&l) {
+    on_end = &record;
+  }
+  std::string name;
+  std::vector<std::string>* log;
+  std::shared_ptr<sluice::detail::loop_life> life;
+  int relinks = 0;         // times to relink itself from on_end
+  bool hand_back = false;  // first on_end: expect it back from another thread
+  static void record(sluice::detail::loop_hook* h) noexcept {
+    auto* self = static_cast<named_hook*>(h);
+    self->log->push_back(self->name);
+    if (self->relinks > 0) {
+      --self->relinks;
+      self->life->relink(*self);
+    } else if (self->hand_back) {
+      self->hand_back = false;
+      self->life->expect_hand_back();
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "loop_life: at the context's end every attached hook ends, the first ones before the "
+    "others, relinked ones again; detached ones do not; later attaches are refused",
+    "[loop_end][lifetime]") {
+  std::vector<std::string> log;
+  named_hook w1{"watch 1", log}, w2{"watch 2", log}, h1{"hook 1", log}, h2{"hook 2", log},
+      gone{"detached", log}, late{"late", log};
+  std::shared_ptr<sluice::detail::loop_life> life;
+  {
+    asio::io_context ctx;
+    life = sluice::detail::loop_service::life_of(ctx);
+    for (named_hook* h : {&w1, &w2, &h1, &h2, &gone}) h->life = life;
+    REQUIRE(life->attach(h1));
+    REQUIRE(life->attach_first(w1));  // attached after h1, ends before it
+    REQUIRE(life->attach(gone));
+    REQUIRE(life->attach(h2));
+    REQUIRE(life->attach_first(w2));
+    w1.relinks = 1;  // a waiter list's watch: takes out, then buries in the second round
+    life->detach(gone);
+    CHECK_FALSE(gone.attached);
+    CHECK_FALSE(life->ended());
+  }  // ~io_context: shutdown ends the life
+  CHECK(life->ended());
+  REQUIRE(log.size() == 5);
+  // Both first hooks before any other; w1 again among the others.
+  const auto pos = [&](const std::string& n) {
+    return std::find(log.begin(), log.end(), n) - log.begin();
+  };
+  CHECK(std::max(pos("watch 1"), pos("watch 2")) == 1);
+  CHECK(std::count(log.begin(), log.end(), "watch 1") == 2);
+  CHECK(std::count(log.begin(), log.end(), "hook 1") == 1);
+  CHECK(std::count(log.begin(), log.end(), "hook 2") == 1);
+  CHECK(std::count(log.begin(), log.end(), "detached") == 0);
+  for (named_hook* h : {&w1, &w2, &h1, &h2}) CHECK_FALSE(h->attached);
+  CHECK_FALSE(life->attach(late));
+  CHECK_FALSE(life->attach_first(late));
+  CHECK_FALSE(late.attached);
+}
+
+TEST_CASE("loop_life: the end waits for a hook another thread holds, and ends it when handed back",
+          "[loop_end][lifetime]") {
+  // shared_semaphore's orphan path: a grant caught between the core's mutex
+  // and the loop's lock is handed back, and the end finishes it on its thread.
+  std::vector<std::string> log;
+  named_hook op{"op", log};
+  std::atomic<bool> expected{false};
+  std::thread other;
+  std::shared_ptr<sluice::detail::loop_life> life;
+  {
+    asio::io_context ctx;
+    life = sluice::detail::loop_service::life_of(ctx);
+    op.life = life;
+    op.hand_back = true;
+    REQUIRE(life->attach(op));
+    other = std::thread([&] {
+      while (!life->ended()) std::this_thread::yield();
+      std::this_thread::sleep_for(20ms);  // the end is waiting by now
+      const auto lock = life->lock();
+      expected = true;
+      life->hand_back(op);
+    });
+  }  // returns only once the hook was handed back and ended again
+  CHECK(expected);
+  CHECK(log == std::vector<std::string>{"op", "op"});
+  other.join();
 }

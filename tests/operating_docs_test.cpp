@@ -16,11 +16,8 @@
 
 #include <support/asio.hpp>
 
-#if defined(SLUICE_USE_BOOST_ASIO)
-#include <boost/asio/signal_set.hpp>
-#else
-#include <asio/signal_set.hpp>
-#endif
+// asio::signal_set, as docs/operating.md's shutdown snippet includes it:
+#include <sluice/asio.hpp>
 
 #include <catch2/catch.hpp>
 

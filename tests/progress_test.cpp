@@ -3,6 +3,7 @@
 #include <sluice/gather.hpp>
 #include <sluice/map_unordered.hpp>
 #include <sluice/progress.hpp>
+#include <sluice/semaphore.hpp>
 #include <sluice/stop_source.hpp>
 #include <sluice/task_group.hpp>
 #include <sluice/testing/virtual_time.hpp>
@@ -14,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <support/lazy_tasks.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <optional>
@@ -384,4 +386,61 @@ TEST_CASE("progress with the longest period reports only the end", "[progress]")
                                              record(r, sluice::clock::duration::max()));
   });
   CHECK(r.rows == std::vector<row>{{300, 2, 2, 2, 0, 0, 0}});
+}
+
+TEST_CASE("the end report carries the end's elapsed time when no count changed since the last",
+          "[progress]") {
+  virtual_loop loop;
+  recorder r;
+  // The only child ends at 1 s (a report with the final counts); the body
+  // goes on until 3 s: the end report says 3 s, with the same counts.
+  loop.run(sluice::task_group::run(
+      2,
+      [&](sluice::task_group& g) -> asio::awaitable<void> {
+        g.spawn([]() -> asio::awaitable<void> {
+          co_await sluice::sleep(1s);
+        }());
+        co_await sluice::sleep(3s);
+      },
+      record(r, 0s)));
+  const auto none = std::nullopt;
+  REQUIRE(r.rows.size() >= 2);
+  CHECK(r.rows[r.rows.size() - 2] == row{1000, none, 1, 1, 0, 0, 0});
+  CHECK(r.rows.back() == row{3000, none, 1, 1, 0, 0, 0});
+}
+
+TEST_CASE("progress tells tasks waiting on a named limit from the running ones", "[progress]") {
+  // The trial's reading: an unbounded gather of tasks behind a semaphore{8}
+  // showed "492 in flight" with 8 calls at the provider.
+  virtual_loop loop;
+  sluice::semaphore provider{8};
+  std::vector<progress_info> reports;
+  auto call = [&]() -> asio::awaitable<void> {
+    auto p = co_await provider.scoped_acquire();
+    co_await sluice::sleep(1s);
+  };
+  std::vector<asio::awaitable<void>> tasks;
+  for (int i = 0; i < 20; ++i) tasks.push_back(call());
+  loop.run(sluice::gather(
+      std::move(tasks), sluice::progress([&](const progress_info& p) { reports.push_back(p); }, 0s)
+                            .waiting_on(provider)));
+  REQUIRE(!reports.empty());
+  for (const auto& p : reports) {
+    // A start is reported before the task runs to its wait: it counts as
+    // running until then (8 holders and the task just started).
+    CHECK(p.running() <= 9);
+    CHECK(p.in_flight == p.running() + p.waiting_on_limits);
+  }
+  // The first task to end (at 1 s): 19 in flight, 8 running (the 9th was
+  // granted the freed permit), 11 waiting.
+  const auto first_end = std::find_if(reports.begin(), reports.end(),
+                                      [](const progress_info& p) { return p.done == 1; });
+  REQUIRE(first_end != reports.end());
+  CHECK(first_end->elapsed == 1s);
+  CHECK(first_end->in_flight == 19);
+  CHECK(first_end->running() == 8);
+  CHECK(first_end->waiting_on_limits == 11);
+  CHECK(reports.back().in_flight == 0);
+  CHECK(reports.back().waiting_on_limits == 0);
+  CHECK(loop.now() == 3s);
 }

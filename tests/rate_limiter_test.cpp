@@ -499,3 +499,39 @@ TEST_CASE("in real time a start counts for per + margin, and from its call's end
   CHECK(rpm.margin() == 2s);
   CHECK_THROWS_AS(rpm.set_margin(-1s), std::invalid_argument);
 }
+
+TEST_CASE("when the head waiter leaves, the timer moves to the next head's loop and wakes it",
+          "[rate_limiter]") {
+  // On the steady clock the timer is a steady_timer on the head waiter's
+  // io_context. Here the head waits on loop a and leaves (cancelled); the next
+  // head waits on loop b, the only loop run from then on: the timer must have
+  // moved to b (a timer left on a would never fire for it). Real time: counts
+  // only, bounded by 5 s.
+  sluice::rate_limiter rl{1, 20ms};
+  REQUIRE(rl.try_acquire());
+  asio::io_context a, b;
+  asio::cancellation_signal cancel_a;
+  bool a_done = false, b_granted = false;
+  asio::co_spawn(
+      a, [&]() -> asio::awaitable<void> { co_await rl.acquire(); },
+      sluice_test::bind_slot(cancel_a.slot(), [&](std::exception_ptr) { a_done = true; }));
+  a.poll();
+  asio::co_spawn(
+      b,
+      [&]() -> asio::awaitable<void> {
+        co_await rl.acquire();
+        b_granted = true;
+      },
+      asio::detached);
+  b.poll();
+  REQUIRE(rl.waiters() == 2);
+  cancel_a.emit(asio::cancellation_type::terminal);  // b's waiter is the head now
+  a.poll();
+  CHECK(a_done);
+  REQUIRE(rl.waiters() == 1);
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!b_granted && std::chrono::steady_clock::now() < deadline) b.run_one_for(10ms);
+  CHECK(b_granted);
+  CHECK(rl.waiters() == 0);
+  CHECK(rl.stats().acquired == 2);
+}

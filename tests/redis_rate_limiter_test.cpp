@@ -116,6 +116,28 @@ TEST_CASE("the call over the limit waits until the oldest start leaves the windo
   }());
 }
 
+TEST_CASE("value() counts the fleet's starts still in the window, not the untrimmed ones",
+          "[redis_rate_limiter]") {
+  const int port = shared_redis_server().port();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto a = co_await connect_to(port);
+    auto b = co_await connect_to(port);  // another process's limiter of the same name
+    sluice::redis::rate_limiter ra{a, "fleet-value", 5, 400ms};
+    sluice::redis::rate_limiter rb{b, "fleet-value", 5, 400ms};
+    CHECK(co_await ra.value() == 5);
+    co_await ra.acquire(2);
+    co_await rb.acquire();
+    CHECK(co_await ra.value() == 2);
+    CHECK(co_await rb.value() == 2);
+    co_await sleep_ms(450);  // all three left the window; nobody trimmed it
+    CHECK((co_await a->execute("ZCARD", ra.key())).integer == 3);
+    CHECK(co_await ra.value() == 5);
+    co_await a->close();
+    co_await b->close();
+  }());
+}
+
 TEST_CASE("a cancelled rate_limiter waiter takes nothing", "[redis_rate_limiter]") {
   const int port = shared_redis_server().port();
   asio::io_context ctx;

@@ -520,3 +520,34 @@ TEST_CASE("redis::semaphore stats count this client's grants, waits, holds and c
     co_await other_conn->close();
   }());
 }
+
+TEST_CASE("a caller cancelled before it called acquire is refused at once, taking nothing",
+          "[redis_semaphore]") {
+  const int port = shared_redis_server().port();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    auto conn = co_await connect_to(port);
+    sluice::redis::semaphore sem{conn, "precancel", 1, 500ms};
+    int refused = 0;
+    auto late_caller = [&]() -> asio::awaitable<void> {
+      co_await asio::this_coro::throw_if_cancelled(false);
+      try {
+        co_await sleep_ms(10000);  // cancelled here...
+      } catch (const sluice::system_error&) {
+      }
+      // ...then calls, with the one permit free.
+      const auto aborted = sluice::error_code(asio::error::operation_aborted);
+      if (co_await sluice_test::error_of(sem.acquire()) == aborted) ++refused;
+      if (co_await sluice_test::error_of(sem.async_acquire(asio::use_awaitable)) == aborted)
+        ++refused;
+    };
+    co_await (late_caller() || sleep_ms(1));
+    CHECK(refused == 2);
+    CHECK(sem.held() == 0);
+    const std::size_t free_after = co_await sem.value();
+    CHECK(free_after == 1);
+    co_await sem.close();
+    co_await conn->close();
+  }());
+}

@@ -103,17 +103,19 @@ bool accepts(int port) {
   return ok;
 }
 
-// redis-server on a TLS port only, with requirepass.
+// redis-server on a TLS port only, with requirepass; `auth_clients`: it
+// wants a client certificate signed by the CA.
 class tls_server {
  public:
-  tls_server() {
+  explicit tls_server(bool auth_clients = false) {
     const auto& c = certs();
     for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) {
       port_ = sluice_test::free_port();
       pid_ = sluice_test::spawn_process(
           {"redis-server", "--port", "0", "--tls-port", std::to_string(port_), "--bind",
            "127.0.0.1", "--tls-cert-file", c.server_cert, "--tls-key-file", c.server_key,
-           "--tls-ca-cert-file", c.ca, "--tls-auth-clients", "no", "--requirepass", "s3cret",
+           "--tls-ca-cert-file", c.ca, "--tls-auth-clients", auth_clients ? "yes" : "no",
+           "--requirepass", "s3cret",
            "--save", "", "--appendonly", "no", "--logfile", "/dev/null"},
           true);
       if (pid_ <= 0) break;
@@ -160,6 +162,11 @@ class tls_server {
 
 tls_server& server() {
   static tls_server s;
+  return s;
+}
+
+tls_server& client_auth_server() {
+  static tls_server s{true};
   return s;
 }
 
@@ -269,6 +276,35 @@ TEST_CASE("TLS: a certificate the CA did not sign, or of another name, fails cle
   o.unix_path = certs().dir + "/redis.sock";
   CHECK_THROWS_AS(run_for(ctx, sluice::redis::connect(ctx.get_executor(), o)),
                   std::invalid_argument);
+}
+
+TEST_CASE("TLS: a server that rejects the client's certificate says so, not 'connection lost'",
+          "[redis_tls]") {
+  asio::io_context ctx;
+  auto attempt = [&](sluice::redis::options o) {
+    std::string what;
+    try {
+      run_for(
+          ctx,
+          [&]() -> asio::awaitable<void> {
+            auto c = co_await sluice::redis::connect(co_await asio::this_coro::executor, o);
+            co_await c->execute("PING");
+            co_await c->close();
+          }(),
+          10s);
+    } catch (const sluice::system_error& e) {
+      what = e.what();
+    }
+    return what;
+  };
+  auto o = client_auth_server().options();  // no client certificate
+  const std::string none = attempt(o);
+  INFO(none);
+  CHECK(none.find("certificate") != std::string::npos);
+  CHECK(none.find("lost") == std::string::npos);
+  o.tls->cert_file = certs().server_cert;  // signed by the CA the server trusts
+  o.tls->key_file = certs().server_key;
+  CHECK(attempt(o).empty());
 }
 
 TEST_CASE("TLS: after CLIENT KILL the next call does the handshake and AUTH again",

@@ -638,3 +638,68 @@ TEST_CASE("a retry_if that throws ends the call with callback_error, the attempt
   CHECK(nested == f.thrown[0]);  // the attempt's own exception, not a copy
   CHECK(f.attempts.size() == 1);
 }
+
+TEST_CASE(
+    "a caller cancelled at the instant its backoff wait ends is not retried, gives its place back",
+    "[retry]") {
+  // The canceller's timer is armed first for the same instant, so it runs
+  // after the retry's wait has fired and before the retry resumes.
+  sluice::retry_budget budget{{.ratio = 0.0, .per = 1min, .min_retries = 1}};
+  flaky f{10, {}, {}};
+  tasks_on_loop t;
+  sluice_test::task* caller = nullptr;
+  t.spawn([&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(1s);
+    caller->cancel();
+  });
+  caller = &t.spawn([&]() -> asio::awaitable<void> {
+    co_await sluice::retry(
+        {.first = 1s, .attempts = 3, .jitter = sluice::no_jitter, .budget = &budget},
+        [&] { return f.call(); });
+  });
+  t.loop.run_for(1min);
+  REQUIRE(caller->done);
+  CHECK(caller->cancelled());
+  CHECK(f.attempts == std::vector<ns>{0s});  // no attempt at 1 s
+  CHECK(budget.retries() == 0);              // the retry never ran: its place is back
+  CHECK(budget.retried() == 0);
+}
+
+TEST_CASE("a retry_after of the clock's range makes no attempt at the end of virtual time",
+          "[retry]") {
+  virtual_loop loop;
+  std::size_t attempts = 0;
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::retry({.attempts = 3}, [&]() -> asio::awaitable<void> {
+      ++attempts;
+      throw http_429("429", sluice::clock::duration::max());
+      co_return;
+    });
+  }),
+                  sluice::testing::deadlock_error);
+  CHECK(attempts == 1);
+  CHECK(loop.now() == 0s);
+}
+
+TEST_CASE("backoff fields take any duration and saturate it instead of overflowing", "[retry]") {
+  virtual_loop loop;
+  std::size_t attempts = 0;
+  // hours::max() in nanoseconds overflows: before, a negative `first` was refused.
+  CHECK_THROWS_AS(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::retry({.first = std::chrono::hours::max(),
+                            .max = std::chrono::hours::max(),
+                            .attempts = 3,
+                            .jitter = sluice::no_jitter},
+                           [&]() -> asio::awaitable<void> {
+                             ++attempts;
+                             throw sluice::throttled_error("429");
+                             co_return;
+                           });
+  }),
+                  sluice::testing::deadlock_error);
+  CHECK(attempts == 1);
+  const sluice::backoff b{.first = std::chrono::duration<double>(0.25),
+                          .max = std::chrono::duration<double>(1e300)};
+  CHECK(b.first == 250ms);
+  CHECK(b.max == sluice::clock::duration::max());
+}

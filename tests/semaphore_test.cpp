@@ -817,3 +817,22 @@ TEST_CASE("a seeded random interleaving of acquires, timeouts and cancels conser
   CHECK(random_interleaving(seed, granted2, aborted2) == first);  // deterministic by seed
   CHECK(granted2 == granted);
 }
+
+TEST_CASE("a semaphore takes its count as any integer type and rejects a negative one",
+          "[semaphore]") {
+  int n = 3;  // an int variable in braces: not a narrowing error
+  sluice::semaphore sem{n};
+  CHECK(sem.value() == 3);
+  long long big = 5;
+  sluice::bounded_semaphore bounded{big};
+  CHECK(bounded.value() == 5);
+  sluice::testing::virtual_loop loop;
+  short s = 2;
+  sluice::semaphore with_ex{loop.get_executor(), s};
+  CHECK(with_ex.value() == 2);
+  int negative = -1;
+  CHECK_THROWS_WITH(sluice::semaphore(negative), "sluice::semaphore: initial must not be negative");
+  CHECK_THROWS_AS(sluice::bounded_semaphore(negative), std::invalid_argument);
+  CHECK_THROWS_AS(sluice::semaphore(loop.get_executor(), negative), std::invalid_argument);
+  CHECK(sluice::semaphore{}.value() == 1);
+}

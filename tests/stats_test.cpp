@@ -7,6 +7,7 @@
 #include <sluice/detail/stats_recorder.hpp>
 
 #include <support/asio.hpp>
+#include <support/spawned.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -440,4 +441,58 @@ TEST_CASE("an adaptive_limit reports its current limit, its throttles and each p
   CHECK(s.hold.count == 4);
   CHECK(s.hold.total == 1s + 2s + 1s + 3s);
   CHECK(s.hold.max == 3s);
+}
+
+TEST_CASE("a waiter granted then cancelled before it resumed counts as cancelled, not acquired",
+          "[stats]") {
+  // One meaning: `acquired` counts the grants callers got, `cancelled` the
+  // waits that ended in operation_aborted; each wait counts once.
+  sluice_test::tasks_on_loop h;
+  sluice::semaphore sem{h.loop.get_executor(), 1};
+  REQUIRE(sem.try_acquire());
+  auto& b = h.spawn([&]() -> asio::awaitable<void> { co_await sem.acquire(); });
+  auto& c = h.spawn([&]() -> asio::awaitable<void> { co_await sem.acquire(); });
+  h.poll();
+  sem.release();  // granted to b...
+  b.cancel();     // ...which is cancelled before it resumes: the permit goes on to c
+  h.poll();
+  CHECK(b.cancelled());
+  CHECK(c.succeeded());
+  auto s = sem.stats();
+  CHECK(s.acquired == 2);  // the first holder and c
+  CHECK(s.cancelled == 1);
+  CHECK(s.wait.count == s.acquired);
+  CHECK(s.in_use == 1);
+
+  // The same on a shared_semaphore (it counted the grant, not the cancellation).
+  sluice::shared_semaphore shared{h.loop.get_executor(), 1};
+  REQUIRE(shared.try_acquire());
+  auto& sb = h.spawn([&]() -> asio::awaitable<void> { co_await shared.acquire(); });
+  auto& sc = h.spawn([&]() -> asio::awaitable<void> { co_await shared.acquire(); });
+  h.poll();
+  shared.release();
+  sb.cancel();
+  h.poll();
+  CHECK(sb.cancelled());
+  CHECK(sc.succeeded());
+  s = shared.stats();
+  CHECK(s.acquired == 2);
+  CHECK(s.cancelled == 1);
+  CHECK(s.wait.count == s.acquired);
+
+  // The same on a rate limiter: b is granted when the head ahead of it leaves.
+  sluice::rate_limiter rl{h.loop.get_executor(), 2, 10s};
+  REQUIRE(rl.try_acquire());
+  auto& head = h.spawn([&]() -> asio::awaitable<void> { co_await rl.acquire(2); });
+  auto& b2 = h.spawn([&]() -> asio::awaitable<void> { co_await rl.acquire(); });
+  h.poll();
+  head.cancel();  // b2 is granted at once...
+  b2.cancel();    // ...and cancelled before it resumes: the start is given back
+  h.poll();
+  CHECK(b2.cancelled());
+  s = rl.stats();
+  CHECK(s.acquired == 1);
+  CHECK(s.cancelled == 2);
+  CHECK(s.wait.count == 1);
+  CHECK(s.in_use == 1);
 }

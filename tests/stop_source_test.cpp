@@ -266,3 +266,20 @@ TEST_CASE("a stop with the longest grace lets the running children finish", "[st
   CHECK(log.finished == std::vector<nanoseconds>{10s});
   CHECK(log.cancelled.empty());
 }
+
+TEST_CASE("a grace of the clock's range never ends in virtual time: the loop reports the deadlock",
+          "[stop_source]") {
+  virtual_loop loop;
+  stop_source stop;
+  // Before, the grace timer fired at the end of time and cancelled the child.
+  CHECK_THROWS_AS(loop.run(task_group::run(
+                      2,
+                      [&](task_group& g) -> asio::awaitable<void> {
+                        g.spawn(sluice::sleep(sluice::clock::duration::max()));
+                        co_await sluice::sleep(1s);
+                        stop.request(std::chrono::hours::max());  // any duration, saturated
+                      },
+                      stop)),
+                  sluice::testing::deadlock_error);
+  CHECK(loop.now() == 1s);
+}

@@ -224,3 +224,29 @@ TEST_CASE("a co-spawned sleep ends on partial cancellation only when the filter 
     CHECK(loop.now() == 10s);
   }
 }
+
+TEST_CASE("a sleep of the clock's range never fires in virtual time: the loop reports the deadlock",
+          "[time]") {
+  virtual_loop loop;
+  loop.run_for(1s);  // now > 0: now + max would wrap
+  CHECK_THROWS_AS(loop.run(sluice::sleep(sluice::clock::duration::max())),
+                  sluice::testing::deadlock_error);
+  CHECK_THROWS_AS(loop.run(sluice::sleep_until(sluice::clock::time_point::max())),
+                  sluice::testing::deadlock_error);
+  CHECK(loop.now() == 1s);  // the clock did not jump to the end of time
+}
+
+TEST_CASE("sleep takes any duration and saturates it instead of overflowing", "[time]") {
+  virtual_loop loop;
+  // hours::max() in nanoseconds overflows: before sluice saw it, it was negative.
+  CHECK_THROWS_AS(loop.run(sluice::sleep(std::chrono::hours::max())),
+                  sluice::testing::deadlock_error);
+  CHECK_THROWS_AS(loop.run(sluice::sleep(std::chrono::duration<double>(1e300))),
+                  sluice::testing::deadlock_error);
+  CHECK(loop.now() == 0s);
+  loop.run(sluice::sleep(std::chrono::duration<double, std::milli>(2.5)));
+  loop.run(sluice::sleep(std::chrono::duration<int, std::ratio<3600>>(1)));
+  CHECK(loop.now() == 1h + 2500us);
+  loop.run_for(std::chrono::nanoseconds::max());  // saturates too
+  CHECK(loop.now() == std::chrono::nanoseconds::max());
+}

@@ -364,3 +364,21 @@ TEST_CASE("an operation that cancels the caller while with_timeout starts it is 
     CHECK(svc.cancellations() == 1);
   }
 }
+
+TEST_CASE("with_timeout takes any duration and saturates it instead of overflowing", "[timeout]") {
+  virtual_loop loop;
+  // A thousand years in nanoseconds overflows: before sluice saw it, the
+  // deadline was in the past and the call timed out at once.
+  loop.run(sluice::with_timeout(std::chrono::hours(24 * 365 * 1000), sluice::sleep(1s)));
+  CHECK(loop.now() == 1s);
+  loop.run(sluice::with_timeout(std::chrono::hours::max(), sluice::sleep(1h)));
+  CHECK(loop.now() == 1h + 1s);
+  CHECK_THROWS_AS(
+      loop.run(sluice::with_timeout(std::chrono::duration<double>(0.5), sluice::sleep(1s))),
+      sluice::timeout_error);
+  CHECK(loop.now() == 1h + 1500ms);
+  // A deadline of the clock's range never fires: only the operation ends the wait.
+  CHECK_THROWS_AS(loop.run(sluice::with_timeout(std::chrono::hours::max(),
+                                                sluice::sleep(sluice::clock::duration::max()))),
+                  sluice::testing::deadlock_error);
+}

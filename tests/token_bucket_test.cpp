@@ -251,3 +251,20 @@ TEST_CASE("a give-back refunds only the tokens its grant took that have not refi
   });
   CHECK(loop.now() == 3500ms);
 }
+
+TEST_CASE("token_bucket and rate_limiter take their counts as any integer type", "[token_bucket]") {
+  int burst = 4, calls = 3, negative = -2;
+  sluice::token_bucket tb{1.0, burst};
+  CHECK(tb.burst() == 4);
+  sluice::rate_limiter rl{calls, 1s};
+  CHECK(rl.calls() == 3);
+  virtual_loop loop;
+  sluice::token_bucket tb2{loop.get_executor(), 1.0, burst};
+  sluice::rate_limiter rl2{loop.get_executor(), calls, 1s};
+  CHECK(tb2.burst() == 4);
+  CHECK(rl2.calls() == 3);
+  CHECK_THROWS_WITH(sluice::token_bucket(1.0, negative),
+                    "sluice::token_bucket: burst must not be negative");
+  CHECK_THROWS_WITH(sluice::rate_limiter(negative, 1s),
+                    "sluice::rate_limiter: calls must not be negative");
+}

@@ -35,10 +35,7 @@ namespace sluice_examples {
 // True if nobody listens on 127.0.0.1:port and it can be bound now.
 inline bool port_bindable(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  sockaddr_in a = loopback_address(port);
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
   ::close(fd);
   return ok;
@@ -112,43 +109,15 @@ class redis_cluster {
       if (port <= 0 || port > 55000 || !port_bindable(port + 10000)) continue;
       const std::string d = dir_ + "/" + std::to_string(port);
       std::filesystem::create_directories(d);
-      const pid_t pid = spawn_process({"redis-server",
-                                       "--port",
-                                       std::to_string(port),
-                                       "--bind",
-                                       "127.0.0.1",
-                                       "--cluster-enabled",
-                                       "yes",
-                                       "--cluster-config-file",
-                                       d + "/nodes.conf",
-                                       "--cluster-node-timeout",
-                                       "5000",
-                                       "--dir",
-                                       d,
-                                       "--save",
-                                       "",
-                                       "--appendonly",
-                                       "no",
-                                       "--daemonize",
-                                       "no",
-                                       "--loglevel",
-                                       "warning",
-                                       "--logfile",
-                                       "/dev/null"},
-                                      true);
-      if (pid <= 0) return false;
-      for (int i = 0; i < 300; ++i) {
-        if (ping(port)) {
-          ports_.push_back(port);
-          pids_.push_back(pid);
-          return true;
-        }
-        int status = 0;
-        if (::waitpid(pid, &status, WNOHANG) == pid) break;  // exited: a port was taken
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::vector<std::string> args = redis_server_args(port);
+      args.insert(args.end(), {"--cluster-enabled", "yes", "--cluster-config-file",
+                               d + "/nodes.conf", "--cluster-node-timeout", "5000", "--dir", d});
+      const pid_t pid = spawn_until_ping(args, port, 300);
+      if (pid > 0) {
+        ports_.push_back(port);
+        pids_.push_back(pid);
+        return true;
       }
-      ::kill(pid, SIGKILL);
-      wait_process(pid);
     }
     return false;
   }

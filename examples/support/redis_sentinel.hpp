@@ -158,10 +158,7 @@ class redis_sentinels {
   // returns the raw reply (up to 64 KiB), or "" on failure.
   static std::string raw(int port, const std::vector<std::string>& words) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    sockaddr_in a = loopback_address(port);
     std::string out;
     if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
       std::string cmd = "*" + std::to_string(words.size()) + "\r\n";
@@ -205,20 +202,12 @@ class redis_sentinels {
                           << "\nsentinel failover-timeout " << master << " " << failover_timeout_ms
                           << "\n"
                           << "sentinel parallel-syncs " << master << " 1\n";
-      const pid_t pid = spawn_process({"redis-sentinel", conf}, true);
-      if (pid <= 0) return false;
-      for (int i = 0; i < 300; ++i) {
-        if (ping(port)) {
-          sentinel_ports_.push_back(port);
-          sentinel_pids_.push_back(pid);
-          return true;
-        }
-        int status = 0;
-        if (::waitpid(pid, &status, WNOHANG) == pid) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      const pid_t pid = spawn_until_ping({"redis-sentinel", conf}, port, 300);
+      if (pid > 0) {
+        sentinel_ports_.push_back(port);
+        sentinel_pids_.push_back(pid);
+        return true;
       }
-      ::kill(pid, SIGKILL);
-      wait_process(pid);
     }
     return false;
   }

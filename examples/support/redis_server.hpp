@@ -93,13 +93,19 @@ inline int wait_process(pid_t pid) {
   return -1;
 }
 
-// A loopback TCP port nobody listens on now.
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// 127.0.0.1:port as a socket address.
+inline sockaddr_in loopback_address(int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  return a;
+}
+
+// A loopback TCP port nobody listens on now.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = loopback_address(0);
   socklen_t len = sizeof a;
   int port = -1;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
@@ -112,10 +118,7 @@ inline int free_port() {
 // True if a Redis server answers PING on 127.0.0.1:port (NOAUTH counts: it is up).
 inline bool ping(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  sockaddr_in a = loopback_address(port);
   bool ok = false;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
     const char cmd[] = "*1\r\n$4\r\nPING\r\n";
@@ -126,6 +129,43 @@ inline bool ping(int port) {
   }
   ::close(fd);
   return ok;
+}
+
+// The arguments of a redis-server on 127.0.0.1:`port` with no persistence
+// and no log (more may follow; a later one overrides an earlier one).
+inline std::vector<std::string> redis_server_args(int port) {
+  return {"redis-server",
+          "--port",
+          std::to_string(port),
+          "--bind",
+          "127.0.0.1",
+          "--save",
+          "",
+          "--appendonly",
+          "no",
+          "--daemonize",
+          "no",
+          "--loglevel",
+          "warning",
+          "--logfile",
+          "/dev/null"};
+}
+
+// Starts `args` (quiet) and waits until a server answers PING on `port`
+// (`tries` x 10 ms). Its pid, or -1 if it exited (the port was taken, bad
+// arguments) or did not answer in time (then it is killed).
+inline pid_t spawn_until_ping(const std::vector<std::string>& args, int port, int tries) {
+  const pid_t pid = spawn_process(args, true);
+  if (pid <= 0) return -1;
+  for (int i = 0; i < tries; ++i) {
+    if (ping(port)) return pid;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  wait_process(pid);
+  return -1;
 }
 
 class redis_server {
@@ -196,39 +236,14 @@ class redis_server {
   redis_server() = default;
 
   bool launch() {
-    std::vector<std::string> args = {"redis-server",
-                                     "--port",
-                                     std::to_string(port_),
-                                     "--bind",
-                                     "127.0.0.1",
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--daemonize",
-                                     "no",
-                                     "--loglevel",
-                                     "warning",
-                                     "--logfile",
-                                     "/dev/null"};
+    std::vector<std::string> args = redis_server_args(port_);
     if (!unix_socket_.empty()) {
       args.insert(args.end(), {"--unixsocket", unix_socket_, "--unixsocketperm", "700"});
     }
     args.insert(args.end(), extra_.begin(), extra_.end());
     args.insert(args.begin(), wrapper_.begin(), wrapper_.end());
-    pid_ = spawn_process(args, true);
-    if (pid_ <= 0) return false;
-    for (int i = 0; i < 500; ++i) {
-      if (ping(port_)) return true;
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {  // exited: port taken, or bad args
-        pid_ = -1;
-        return false;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    stop();
-    return false;
+    pid_ = spawn_until_ping(args, port_, 500);
+    return pid_ > 0;
   }
 
   int port_ = -1;

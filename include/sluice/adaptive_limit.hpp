@@ -2,7 +2,9 @@
 #ifndef SLUICE_ADAPTIVE_LIMIT_HPP
 #define SLUICE_ADAPTIVE_LIMIT_HPP
 
+#include <sluice/adaptive_algorithms.hpp>
 #include <sluice/config.hpp>
+#include <sluice/detail/adaptive_estimator.hpp>
 #include <sluice/detail/permit_core.hpp>
 #include <sluice/retryable.hpp>
 #include <sluice/stats.hpp>
@@ -13,11 +15,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -30,49 +30,6 @@ namespace sluice {
 namespace detail {
 struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
 }  // namespace detail
-
-/// Additive increase, multiplicative decrease (TCP's congestion control, as in
-/// Netflix's concurrency-limits `AIMDLimit`): while the limit is in use, each
-/// round of `limit` successful calls adds `increase`; a throttle or a drop
-/// multiplies the limit by `backoff`. After a throttle the limit stays below
-/// the level that was throttled for `hold` successful calls before it probes
-/// that level again, so a provider whose capacity stays put sees about one
-/// throttle per `hold` calls (the plain sawtooth costs one per ~limit² / 2).
-struct aimd {
-  double increase = 1.0;   ///< added per round of `limit` successes (>= 0)
-  double backoff = 0.9;    ///< the limit's factor on a throttle or a drop, in (0, 1]
-  std::size_t hold = 200;  ///< successes below a throttled level before probing it again
-};
-
-/// Latency-based (after Netflix's Gradient / Gradient2): the limit falls as
-/// soon as the mean latency of a round rises above `tolerance` times the
-/// no-load baseline (the lowest latency seen in the last one or two
-/// `baseline_window` samples), by the gradient `tolerance · baseline /
-/// latency` (at most halving it), and otherwise grows by `increase` per
-/// round; throttles and drops act as in `aimd`. It trades a little
-/// throughput for latency: the limit settles where the provider's latency is
-/// `tolerance` times its idle latency, usually before any 429. Under steady
-/// load at capacity for longer than the window, the baseline converges to the
-/// loaded latency and the limit then probes by throttles, as `aimd` does.
-struct gradient {
-  double tolerance = 2.0;  ///< latency / baseline above which the limit falls (> 1)
-  double increase = 1.0;   ///< added per round while the latency is within tolerance
-  double backoff = 0.9;    ///< the limit's factor on a throttle or a drop, in (0, 1]
-  std::size_t hold = 200;  ///< successes below a throttled level before probing it again
-  std::size_t baseline_window = 10000;  ///< samples the baseline remembers (1 to 2 windows)
-};
-
-/// Queue-based (after TCP Vegas and Netflix's `VegasLimit`): once per round
-/// the calls queued at the provider are estimated as `limit · (1 − baseline /
-/// latency)`; the limit grows by one while that is below `alpha`, falls by one
-/// above `beta`; throttles and drops act as in `aimd`.
-struct vegas {
-  double alpha = 3.0;      ///< queued calls under which the limit grows
-  double beta = 6.0;       ///< queued calls above which the limit falls (>= alpha)
-  double backoff = 0.9;    ///< the limit's factor on a throttle or a drop, in (0, 1]
-  std::size_t hold = 200;  ///< successes below a throttled level before probing it again
-  std::size_t baseline_window = 10000;  ///< samples the baseline remembers (1 to 2 windows)
-};
 
 /// A semaphore whose limit follows the provider (Netflix's concurrency-limits;
 /// tower's and Envoy's adaptive concurrency): callers report how each call
@@ -187,7 +144,11 @@ class adaptive_limit {
     friend class adaptive_limit;
     friend struct detail::budget_access;
     permit(adaptive_limit& c, detail::virtual_clock_service* v, clock::time_point start)
-        : cap_(&c), vclock_(v), start_(start), epoch_(c.epoch_), in_flight_(c.in_flight()) {}
+        : cap_(&c),
+          vclock_(v),
+          start_(start),
+          epoch_(c.estimate_.epoch()),
+          in_flight_(c.in_flight()) {}
 
     adaptive_limit* cap_ = nullptr;
     detail::virtual_clock_service* vclock_ = nullptr;
@@ -289,7 +250,7 @@ class adaptive_limit {
   /// Sets the limit by hand (clamped to [min, max]), e.g. from a quota the
   /// provider announced; the algorithm continues from there.
   void set_limit(std::size_t n) {
-    estimate_ = static_cast<double>(std::clamp(n, min_, max_));
+    estimate_.set(n);
     apply();
   }
 
@@ -326,7 +287,7 @@ class adaptive_limit {
   }
   /// The no-load latency baseline (`gradient`, `vegas`; zero before a sample).
   [[nodiscard]] clock::duration baseline() const noexcept {
-    return clock::duration(static_cast<clock::duration::rep>(baseline_ns()));
+    return clock::duration(static_cast<clock::duration::rep>(estimate_.baseline_ns()));
   }
 
  private:
@@ -342,8 +303,7 @@ class adaptive_limit {
         min_(o.min),
         max_(o.max),
         limit_(o.initial),
-        estimate_(static_cast<double>(o.initial)),
-        algorithm_(o.algorithm) {}
+        estimate_(o.initial, o.min, o.max, o.algorithm) {}
 
   static std::size_t check(const options& o) {
     auto fail = [](const std::string& what) {
@@ -352,23 +312,7 @@ class adaptive_limit {
     if (o.min < 1) fail("min must be >= 1");
     if (o.max < o.min) fail("max must be >= min");
     if (o.initial < o.min || o.initial > o.max) fail("initial must be in [min, max]");
-    std::visit(
-        [&](const auto& a) {
-          if (!(a.backoff > 0.0 && a.backoff <= 1.0)) fail("backoff must be in (0, 1]");
-          using A = std::decay_t<decltype(a)>;
-          if constexpr (std::is_same_v<A, vegas>) {
-            if (!(a.alpha >= 0.0 && a.beta >= a.alpha)) fail("vegas needs 0 <= alpha <= beta");
-          } else if (!(a.increase >= 0.0)) {
-            fail("increase must be >= 0");
-          }
-          if constexpr (std::is_same_v<A, gradient>) {
-            if (!(a.tolerance > 1.0)) fail("gradient tolerance must be > 1");
-          }
-          if constexpr (!std::is_same_v<A, aimd>) {
-            if (a.baseline_window < 1) fail("baseline_window must be >= 1");
-          }
-        },
-        o.algorithm);
+    detail::adaptive_estimator::check(o.algorithm, fail);
     return o.initial;
   }
 
@@ -389,121 +333,29 @@ class adaptive_limit {
     switch (o) {
       case outcome::succeeded:
         ++successes_;
-        on_success(s);
+        estimate_.on_success(static_cast<double>(s.latency.count()), s.in_flight, limit_);
         break;
       case outcome::throttled:
         ++throttles_;
-        on_pushback(s);
+        estimate_.on_pushback(s.epoch, limit_);
         break;
       case outcome::dropped:
         ++drops_;
-        on_pushback(s);
+        estimate_.on_pushback(s.epoch, limit_);
         break;
       case outcome::ignored:
         break;
     }
+    apply();
     release_one();
   }
 
-  // A throttle or a drop: one multiplicative decrease per congestion event
-  // (a permit granted before the last decrease reports the same event).
-  void on_pushback(const sample& s) {
-    if (s.epoch != epoch_) return;
-    ceiling_ = static_cast<double>(limit_);
-    std::visit([this](const auto& a) { estimate_ *= a.backoff; }, algorithm_);
-    hold_left_ = std::visit([](const auto& a) { return a.hold; }, algorithm_);
-    round_count_ = 0;
-    round_sum_ = 0.0;
-    ++epoch_;
-    apply();
-  }
-
-  void on_success(const sample& s) {
-    const double latency = static_cast<double>(s.latency.count());
-    std::visit(
-        [&](const auto& a) {
-          using A = std::decay_t<decltype(a)>;
-          const bool saturated = 2 * s.in_flight >= limit_;
-          if constexpr (std::is_same_v<A, aimd>) {
-            if (saturated) grow(a.increase / estimate_);
-          } else {
-            observe_baseline(latency, a.baseline_window);
-            round_sum_ += latency;
-            if (++round_count_ < limit_) return;
-            const double mean = round_sum_ / static_cast<double>(round_count_);
-            round_count_ = 0;
-            round_sum_ = 0.0;
-            const double base = baseline_ns();
-            if (base <= 0.0 || mean <= 0.0) return;
-            if constexpr (std::is_same_v<A, gradient>) {
-              const double g = a.tolerance * base / mean;
-              if (g < 1.0) {
-                shrink(std::max(0.5, g));
-              } else if (saturated) {
-                grow(a.increase);
-              }
-            } else {
-              const double queued = estimate_ * (1.0 - base / mean);
-              if (queued > a.beta) {
-                shrink((estimate_ - 1.0) / estimate_);
-              } else if (queued < a.alpha && saturated) {
-                grow(1.0);
-              }
-            }
-          }
-        },
-        algorithm_);
-  }
-
-  // Additive growth, held below the last throttled level for `hold` successes.
-  void grow(double delta) {
-    const double next = estimate_ + delta;
-    if (next >= ceiling_) {
-      if (hold_left_ > 0) {
-        --hold_left_;
-        return;
-      }
-      ceiling_ = std::numeric_limits<double>::infinity();
-    }
-    estimate_ = next;
-    apply();
-  }
-
-  // A latency-driven decrease: a congestion event of its own.
-  void shrink(double factor) {
-    estimate_ *= factor;
-    ++epoch_;
-    apply();
-  }
-
-  void observe_baseline(double latency, std::size_t window) {
-    if (latency <= 0.0) return;
-    if (current_min_ <= 0.0 || latency < current_min_) current_min_ = latency;
-    if (++window_count_ >= window) {
-      previous_min_ = current_min_;
-      current_min_ = 0.0;
-      window_count_ = 0;
-    }
-  }
-
-  [[nodiscard]] double baseline_ns() const noexcept {
-    if (previous_min_ <= 0.0) return current_min_;
-    if (current_min_ <= 0.0) return previous_min_;
-    return std::min(previous_min_, current_min_);
-  }
-
-  // Clamps the estimate and moves the integer limit to it: new places go to
-  // the waiters; removed ones are taken from the pool or absorbed later.
-  // In one step (a limit of 2^62 is set as fast as one of 8), and counting no
-  // grant for the places that leave the pool.
+  // Moves the integer limit to the estimate's: new places go to the
+  // waiters; removed ones are taken from the pool or absorbed later. In one
+  // step (a limit of 2^62 is set as fast as one of 8), and counting no grant
+  // for the places that leave the pool.
   void apply() {
-    estimate_ = std::clamp(estimate_, static_cast<double>(min_), static_cast<double>(max_));
-    // Compared as doubles first: a max near 2^64 rounds up to 2^64, which
-    // does not convert back to std::size_t.
-    const std::size_t target =
-        std::floor(estimate_) >= static_cast<double>(max_)
-            ? max_
-            : std::clamp(static_cast<std::size_t>(std::floor(estimate_)), min_, max_);
+    const std::size_t target = estimate_.target();
     if (limit_ < target) {
       std::size_t up = target - limit_;
       limit_ = target;
@@ -520,17 +372,9 @@ class adaptive_limit {
 
   detail::permit_core core_;
   std::size_t min_, max_;
-  std::size_t limit_;     // the integer limit: floor(estimate_) in [min_, max_]
-  std::size_t debt_ = 0;  // places to absorb on release (in flight above the limit)
-  double estimate_;       // the continuous limit the algorithm moves
-  std::variant<aimd, gradient, vegas> algorithm_;
-  std::uint64_t epoch_ = 0;                                   // bumped by each decrease
-  double ceiling_ = std::numeric_limits<double>::infinity();  // the last throttled level
-  std::size_t hold_left_ = 0;  // successes still to wait at the ceiling
-  std::size_t round_count_ = 0;
-  double round_sum_ = 0.0;
-  double current_min_ = 0.0, previous_min_ = 0.0;
-  std::size_t window_count_ = 0;
+  std::size_t limit_;                    // the integer limit: estimate_.target() after each event
+  std::size_t debt_ = 0;                 // places to absorb on release (in flight above the limit)
+  detail::adaptive_estimator estimate_;  // the continuous limit the algorithm moves
   std::size_t successes_ = 0, throttles_ = 0, drops_ = 0;
 };
 

@@ -38,7 +38,9 @@ namespace sluice {
 /// `system_error(operation_aborted)`. A waiter that was notified but
 /// cancelled before `wait()` returned (still queued for the coroutine's turn,
 /// or re-acquiring the lock) passes its notification on to the next waiter,
-/// so a `notify()` racing with a cancellation is never lost.
+/// so a `notify()` racing with a cancellation is never lost. A coroutine
+/// cancelled before it called `wait()` is refused: it gives the lock up, gets
+/// it back, and throws `operation_aborted` without waiting for a notification.
 /// `wait()` is an awaitable only (no `async_wait(token)`): its uncancellable
 /// re-acquire needs the coroutine's `throw_if_cancelled` control.
 ///

@@ -29,8 +29,9 @@ namespace sluice {
 ///
 /// Per-Operation Cancellation: `async_wait` supports terminal, partial and
 /// total cancellation; a cancelled waiter is removed and completes with
-/// `asio::error::operation_aborted`. Destroying an event with waiters completes
-/// them with `operation_aborted`.
+/// `asio::error::operation_aborted`. A coroutine cancelled before it called
+/// `wait` is refused at once, set or not (as `semaphore`). Destroying an event with waiters
+/// completes them with `operation_aborted`.
 ///
 /// Loop-affine and not thread-safe; debug builds abort on use from a thread
 /// that is not running its loop (see `semaphore` for exactly what is checked).

@@ -52,7 +52,9 @@ struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
 /// `asio::error::operation_aborted`, holds nothing) or was granted (completes
 /// successfully and holds the permit). `acquire` / `scoped_acquire` hand a
 /// permit granted to a coroutine cancelled before it resumed on to the key's
-/// next waiter and throw `operation_aborted`, as `semaphore` does.
+/// next waiter and throw `operation_aborted`, as `semaphore` does. A coroutine
+/// cancelled before it called is refused at once, busy key or free, and
+/// leaves no entry behind (as `semaphore`).
 ///
 /// Throws: `per_key == 0` is `std::invalid_argument`; `release(key)` of a key
 /// not held is `std::logic_error`. Destroying a keyed semaphore that still has

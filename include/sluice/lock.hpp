@@ -36,7 +36,8 @@ class condition;
 /// successfully, holds the lock). `acquire()` / `scoped_acquire()` hand the lock
 /// on and throw `operation_aborted` if the coroutine was cancelled after the
 /// grant but before it resumed, so no cancellation leaves the lock held by
-/// nobody.
+/// nobody. A coroutine cancelled before it called is refused at once, locked
+/// or not, holding nothing (as `semaphore`).
 ///
 /// Throws: `release()` of an unlocked lock throws `std::logic_error`.
 /// Destroying a lock with waiters completes them with `operation_aborted`.

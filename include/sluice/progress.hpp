@@ -2,22 +2,31 @@
 #ifndef SLUICE_PROGRESS_HPP
 #define SLUICE_PROGRESS_HPP
 
+// A vocabulary header: below the machinery (it includes detail/ and the
+// standard library only, never time.hpp; tests/cmake/layers.cmake checks).
+
 #include <sluice/config.hpp>
-#include <sluice/time.hpp>
+#include <sluice/detail/virtual_clock.hpp>
 
 #include <sluice/detail/asio.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <exception>
-#include <memory>
 #include <optional>
 #include <ranges>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 namespace sluice {
+
+/// The clock of every sluice wait on time (the same alias as in
+/// `<sluice/time.hpp>`): `std::chrono::steady_clock`, carrying virtual time
+/// under `sluice::testing::virtual_loop`.
+using clock = detail::clock;
 
 namespace detail {
 template <class F>
@@ -27,7 +36,18 @@ class progress_tracker;
 /// What a progress report says about a running fan-out (`gather`,
 /// `gather_with_concurrency`, `map_unordered`, `task_group::run`).
 ///
-/// `started == done + failed + in_flight` at every report.
+/// `started == done + failed + in_flight` at every report, and `in_flight ==
+/// running() + waiting_on_limits`.
+///
+/// "In flight" is the fan-out's view: a task it started that has not
+/// finished. A task that waits inside for a limit (`co_await
+/// sem.scoped_acquire()` before its call) is in flight but not at the
+/// provider: an unbounded `gather` of 500 such tasks behind a `semaphore{8}`
+/// has 500 in flight and 8 running. Name the limits the tasks wait on with
+/// `progress::waiting_on` and the report splits them: `waiting_on_limits`
+/// and `running()`. (Or bound the fan-out itself,
+/// `gather_with_concurrency(8, ...)`: then nothing waits inside and
+/// `in_flight` is what runs.)
 struct progress_info {
   /// How many tasks there are: the input's size when it is a sized range
   /// (a container, `std::views::iota(0, n)`); empty for a lazy range of
@@ -36,7 +56,12 @@ struct progress_info {
   std::size_t started = 0;    ///< tasks started so far
   std::size_t done = 0;       ///< tasks that finished with a value
   std::size_t failed = 0;     ///< tasks that finished with an exception (cancelled ones too)
-  std::size_t in_flight = 0;  ///< started and not finished
+  std::size_t in_flight = 0;  ///< started and not finished (running or waiting on a limit)
+  /// Of `in_flight`: tasks waiting for a limit named with
+  /// `progress::waiting_on`, read from the limits' `waiters()` at the report
+  /// (at most `in_flight`: waiters of other callers are not told apart). 0
+  /// when no limit is named.
+  std::size_t waiting_on_limits = 0;
   /// `task_group` only: children accepted by `spawn` and waiting for a slot.
   /// (A fan-out over a range pulls lazily: nothing waits; `*total - started`
   /// is what is left.)
@@ -45,6 +70,11 @@ struct progress_info {
 
   /// Tasks that finished either way: `done + failed`.
   [[nodiscard]] std::size_t finished() const noexcept { return done + failed; }
+  /// Tasks in flight and not waiting on a named limit: `in_flight -
+  /// waiting_on_limits` (the calls at the provider, when the tasks wait on
+  /// nothing else). A report made as a task starts counts that task here:
+  /// it has not reached its limit yet.
+  [[nodiscard]] std::size_t running() const noexcept { return in_flight - waiting_on_limits; }
 };
 
 /// Progress reporting for a fan-out: pass `sluice::progress(report)` (last) to
@@ -115,11 +145,43 @@ class progress {
   /// The minimal distance between two reports (the end report excepted).
   [[nodiscard]] clock::duration every() const noexcept { return every_; }
 
+  /// Names a limit the fan-out's tasks wait on (anything with `waiters()`:
+  /// `semaphore`, `rate_limiter`, `adaptive_limit`, ...): each report counts
+  /// its waiters in `progress_info::waiting_on_limits`. Call it once per
+  /// limit. The limit must outlive the fan-out; it is read on the fan-out's
+  /// executor, at each report (loop-affine limits: the fan-out's loop).
+  ///
+  /// @code
+  /// sluice::semaphore provider{8};
+  /// auto bar = sluice::progress(draw, 500ms).waiting_on(provider);  // running() <= 8
+  /// @endcode
+  template <class Limit>
+  requires requires(const Limit& l) {
+    { l.waiters() } -> std::convertible_to<std::size_t>;
+  }
+  progress& waiting_on(const Limit& limit) & {
+    limits_.push_back({&limit, [](const void* l) -> std::size_t {
+                         return static_cast<const Limit*>(l)->waiters();
+                       }});
+    return *this;
+  }
+  /// As above, on a temporary: `sluice::progress(report).waiting_on(sem)`.
+  template <class Limit>
+  requires requires(const Limit& l) {
+    { l.waiters() } -> std::convertible_to<std::size_t>;
+  }
+  progress&& waiting_on(const Limit& limit) && { return std::move(waiting_on(limit)); }
+
  private:
   template <class>
   friend class detail::progress_tracker;
+  struct named_limit {
+    const void* limit;
+    std::size_t (*waiters)(const void*);
+  };
   F report_;
   clock::duration every_;
+  std::vector<named_limit> limits_;
 };
 
 /// True for the `sluice::progress<F>` types.
@@ -138,7 +200,8 @@ class progress_tracker {
  public:
   static constexpr bool enabled = true;
 
-  explicit progress_tracker(progress<F>&& p) : report_(std::move(p.report_)), every_(p.every_) {}
+  explicit progress_tracker(progress<F>&& p)
+      : report_(std::move(p.report_)), every_(p.every_), limits_(std::move(p.limits_)) {}
 
   // The fan-out starts on `ex` (before its first task).
   template <class Executor>
@@ -206,6 +269,9 @@ class progress_tracker {
   void call(clock::time_point t) {
     if (error_) return;
     info_.elapsed = t - t0_;
+    std::size_t waiting = 0;
+    for (const auto& l : limits_) waiting += l.waiters(l.limit);
+    info_.waiting_on_limits = std::min(waiting, info_.in_flight);
     reported_ = true;
     last_ = counts();
     try {
@@ -217,6 +283,7 @@ class progress_tracker {
 
   F report_;
   clock::duration every_;
+  std::vector<typename progress<F>::named_limit> limits_;
   virtual_clock_service* vclock_ = nullptr;
   clock::time_point t0_{}, next_{};
   progress_info info_;

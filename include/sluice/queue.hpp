@@ -61,7 +61,10 @@ namespace sluice {
 /// hold one item more than `maxsize`). A `get()` cancelled before it resumed
 /// throws `operation_aborted` whatever else happened meanwhile (a shutdown).
 /// A cancelled putter is removed and its item is dropped; a putter whose item
-/// already went in completes successfully.
+/// already went in completes successfully. A coroutine cancelled before it
+/// called `get`, `put` or `join` is refused at once with `operation_aborted`,
+/// even when it need not wait: a get takes no item, a put's item does not go
+/// in (it is dropped).
 ///
 /// Throws: `task_done()` more often than items were put throws
 /// `std::logic_error`. Destroying a queue with waiters completes them with

@@ -3,6 +3,7 @@
 #define SLUICE_RATE_LIMITER_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/count_arg.hpp>
 #include <sluice/detail/rate_core.hpp>
 #include <sluice/stats.hpp>
 #include <sluice/time.hpp>
@@ -87,20 +88,28 @@ namespace sluice {
 class rate_limiter : public detail::rate_limiter_api<detail::sliding_window> {
  public:
   /// At most `calls` starts in any window of `per`; no executor (handlers
-  /// without one are rejected; time comes from the first waiter). `per` is
-  /// any `std::chrono::duration`, saturated instead of overflowing.
-  template <class Rep, class Period>
-  rate_limiter(std::size_t calls, std::chrono::duration<Rep, Period> per)
-      : rate_limiter_api(name, detail::sliding_window(calls, detail::saturate(per), name),
-                         asio::any_io_executor{}) {}
+  /// without one are rejected; time comes from the first waiter). `calls`
+  /// may be of any integer type (no narrowing error for an `int`); zero or
+  /// negative: `std::invalid_argument`. `per` is any `std::chrono::duration`,
+  /// saturated instead of overflowing.
+  template <detail::count_integer I, class Rep, class Period>
+  rate_limiter(I calls, std::chrono::duration<Rep, Period> per)
+      : rate_limiter_api(
+            name,
+            detail::sliding_window(detail::to_count(calls, "sluice::rate_limiter: calls"),
+                                   detail::saturate(per), name),
+            asio::any_io_executor{}) {}
 
   /// As above, with an executor: its context's clock is used from the start
   /// (also by `try_acquire()`), and it runs handlers that have no executor.
-  template <class Executor, class Rep, class Period>
+  template <class Executor, detail::count_integer I, class Rep, class Period>
   requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
-      rate_limiter(const Executor& ex, std::size_t calls, std::chrono::duration<Rep, Period> per)
-      : rate_limiter_api(name, detail::sliding_window(calls, detail::saturate(per), name),
-                         asio::any_io_executor(ex)) {}
+      rate_limiter(const Executor& ex, I calls, std::chrono::duration<Rep, Period> per)
+      : rate_limiter_api(
+            name,
+            detail::sliding_window(detail::to_count(calls, "sluice::rate_limiter: calls"),
+                                   detail::saturate(per), name),
+            asio::any_io_executor(ex)) {}
 
   /// The quota: starts per window.
   [[nodiscard]] std::size_t calls() const noexcept { return core_.policy().calls(); }

@@ -49,12 +49,12 @@ inline constexpr jitter_kind equal_jitter = jitter_kind::equal;
 /// Retry number k (k = 0 before the second attempt) waits `min(max, first * 2^k)`
 /// scaled by `jitter`, or exactly the `retry_after` hint the error carries.
 struct backoff {
-  clock::duration first = std::chrono::milliseconds(100);  ///< the base of the first retry
-  clock::duration max = std::chrono::seconds(30);          ///< no backoff delay exceeds it
+  saturating_duration first = std::chrono::milliseconds(100);  ///< the base of the first retry
+  saturating_duration max = std::chrono::seconds(30);          ///< no backoff delay exceeds it
   std::size_t attempts = 5;  ///< attempts in all, the first one included (1: never retry)
   /// No retry is scheduled whose wait would end more than this after the first
   /// attempt started; the last error passes through instead.
-  clock::duration max_elapsed = clock::duration::max();
+  saturating_duration max_elapsed = clock::duration::max();
   jitter_kind jitter = full_jitter;  ///< how the delay is randomised
   /// The jitter's seed. Unset: a fixed seed under `sluice::testing::virtual_loop`
   /// (runs are reproducible), `std::random_device` otherwise. Each call draws
@@ -84,9 +84,10 @@ struct backoff {
   /// The delay before retry number `k` given a draw `u` in [0, 1) (`u` is
   /// ignored without jitter). Exposed so a caller can print its schedule.
   [[nodiscard]] clock::duration delay(std::size_t k, double u) const noexcept {
+    const clock::duration cap = max;
     clock::duration base = first;
-    for (std::size_t i = 0; i < k && base < max; ++i) base = base > max / 2 ? max : base * 2;
-    base = std::min(base, max);
+    for (std::size_t i = 0; i < k && base < cap; ++i) base = base > cap / 2 ? cap : base * 2;
+    base = std::min(base, cap);
     const auto scaled = [u](clock::duration d) {
       return clock::duration(static_cast<clock::duration::rep>(static_cast<double>(d.count()) * u));
     };

@@ -47,9 +47,9 @@ class retry_budget {
  public:
   /// The budget's parameters.
   struct options {
-    double ratio = 0.1;                              ///< retries per first attempt
-    clock::duration per = std::chrono::seconds(10);  ///< the window
-    std::size_t min_retries = 0;                     ///< retries always allowed per window
+    double ratio = 0.1;                                  ///< retries per first attempt
+    saturating_duration per = std::chrono::seconds(10);  ///< the window
+    std::size_t min_retries = 0;                         ///< retries always allowed per window
   };
 
   /// Throws `std::invalid_argument` for a bad ratio or window.

@@ -36,7 +36,7 @@ namespace sluice {
 /// `after` before the next attempt (the hint wins over the backoff; a negative
 /// hint counts as zero). `sluice::testing::throttled_error` carries one.
 struct retry_after {
-  clock::duration after{};  ///< how long the provider asks the caller to wait
+  saturating_duration after{};  ///< how long the provider asks the caller to wait (any duration)
 };
 
 /// A call the provider refused for now (HTTP 429, 503): retryable by default.
@@ -77,7 +77,7 @@ class throttled_error : public std::runtime_error {
   try {
     std::rethrow_exception(e);
   } catch (const retry_after& h) {
-    return std::max(h.after, clock::duration::zero());
+    return std::max<clock::duration>(h.after, clock::duration::zero());
   } catch (...) {
     return std::nullopt;
   }

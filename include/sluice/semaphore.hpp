@@ -3,6 +3,7 @@
 #define SLUICE_SEMAPHORE_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/count_arg.hpp>
 #include <sluice/detail/permit_core.hpp>
 #include <sluice/detail/unique_permit.hpp>
 #include <sluice/stats.hpp>
@@ -44,7 +45,12 @@ struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
 /// awaitable `acquire()` / `scoped_acquire()` go one step further: if the
 /// coroutine was cancelled after the grant but before it resumed, the permit is
 /// handed on and `operation_aborted` is thrown, so racing them against a
-/// timeout (`awaitable_operators ||`) never loses a permit.
+/// timeout (`awaitable_operators ||`) never loses a permit. A coroutine whose
+/// cancellation was requested before it called (one that runs on with
+/// `throw_if_cancelled(false)`) is refused at once with `operation_aborted`,
+/// by every form (`async_acquire` with a coroutine's handler too), even when
+/// a permit is free: it takes nothing and never queues. A plain callback
+/// cannot be known as cancelled before its call (a slot keeps no history).
 ///
 /// Destroying a semaphore that still has waiters completes them with
 /// `operation_aborted`. Outstanding permits must not outlive it.
@@ -84,16 +90,21 @@ class semaphore {
   using permit = detail::unique_permit<semaphore>;
 
   /// A semaphore with `initial` permits and no executor: handlers that have no
-  /// executor of their own are rejected.
-  explicit semaphore(std::size_t initial = 1)
-      : semaphore("sluice::semaphore", initial, false, asio::any_io_executor{}) {}
+  /// executor of their own are rejected. `initial` may be of any integer type
+  /// (`sluice::semaphore sem{n}` with an `int n` is not a narrowing error);
+  /// negative: `std::invalid_argument`.
+  template <detail::count_integer I = std::size_t>
+  explicit semaphore(I initial = 1)
+      : semaphore("sluice::semaphore", detail::to_count(initial, "sluice::semaphore: initial"),
+                  false, asio::any_io_executor{}) {}
 
   /// A semaphore with `initial` permits whose executor runs handlers that have
-  /// no executor of their own.
-  template <class Executor>
+  /// no executor of their own. `initial` as above.
+  template <class Executor, detail::count_integer I = std::size_t>
   requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
-      semaphore(const Executor& ex, std::size_t initial = 1)
-      : semaphore("sluice::semaphore", initial, false, asio::any_io_executor(ex)) {}
+      semaphore(const Executor& ex, I initial = 1)
+      : semaphore("sluice::semaphore", detail::to_count(initial, "sluice::semaphore: initial"),
+                  false, asio::any_io_executor(ex)) {}
 
   semaphore(const semaphore&) = delete;
   semaphore& operator=(const semaphore&) = delete;
@@ -177,16 +188,22 @@ class semaphore {
 /// @endcode
 class bounded_semaphore : public semaphore {
  public:
-  /// A bounded semaphore with `initial` permits and no executor.
-  explicit bounded_semaphore(std::size_t initial = 1)
-      : semaphore("sluice::bounded_semaphore", initial, true, asio::any_io_executor{}) {}
+  /// A bounded semaphore with `initial` permits and no executor. `initial`
+  /// may be of any integer type; negative: `std::invalid_argument`.
+  template <detail::count_integer I = std::size_t>
+  explicit bounded_semaphore(I initial = 1)
+      : semaphore("sluice::bounded_semaphore",
+                  detail::to_count(initial, "sluice::bounded_semaphore: initial"), true,
+                  asio::any_io_executor{}) {}
 
   /// A bounded semaphore with `initial` permits and an executor for handlers
-  /// that have none.
-  template <class Executor>
+  /// that have none. `initial` as above.
+  template <class Executor, detail::count_integer I = std::size_t>
   requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
-      bounded_semaphore(const Executor& ex, std::size_t initial = 1)
-      : semaphore("sluice::bounded_semaphore", initial, true, asio::any_io_executor(ex)) {}
+      bounded_semaphore(const Executor& ex, I initial = 1)
+      : semaphore("sluice::bounded_semaphore",
+                  detail::to_count(initial, "sluice::bounded_semaphore: initial"), true,
+                  asio::any_io_executor(ex)) {}
 };
 
 }  // namespace sluice

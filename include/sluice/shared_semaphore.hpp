@@ -41,7 +41,9 @@ struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
 ///   (completes successfully, holds the permit), never both and never lost,
 ///   even when a release on another thread races with the cancellation. As
 ///   Asio requires of any operation, request the cancellation from the
-///   waiter's own executor (e.g. a timeout in the same coroutine).
+///   waiter's own executor (e.g. a timeout in the same coroutine). A
+///   coroutine cancelled before it called is refused at once, free permit or
+///   not, holding nothing (as `semaphore`).
 ///   `acquire()` / `scoped_acquire()` also hand on a permit granted after the
 ///   coroutine was cancelled, and throw `operation_aborted`.
 ///
@@ -105,11 +107,19 @@ class shared_semaphore {
     auto state = co_await asio::this_coro::cancellation_state;
     detail::refuse_if_cancelled(state, "sluice::shared_semaphore::acquire");
     if (core_.try_acquire()) co_return;
-    co_await async_acquire(asio::use_awaitable);
+    detail::pending_grant grant;  // counted here: a cancelled wait is not a grant
+    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
+        [this, &grant](auto&& handler) {
+          detail::start_shared_wait(core_, std::forward<decltype(handler)>(handler),
+                                    "sluice::shared_semaphore::acquire", &grant);
+        },
+        asio::use_awaitable_t<>{});
     if (state.cancelled() != asio::cancellation_type::none) {
+      core_.stats_sink().cancelled.fetch_add(1, std::memory_order_relaxed);
       core_.release();  // granted after the cancellation: pass it on
       throw system_error(asio::error::operation_aborted, "sluice::shared_semaphore::acquire");
     }
+    detail::settle_grant(core_.stats_sink(), grant);
   }
 
   /// As `acquire()`, returning a `permit` that releases on destruction.

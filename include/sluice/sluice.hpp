@@ -39,12 +39,15 @@
 // Limits that protect a provider: per key, fair shares between keys, per time window,
 // deduplication, retries, adaptive, several budgets at once
 #include <sluice/acquire_all.hpp>
+#include <sluice/adaptive_algorithms.hpp>
 #include <sluice/adaptive_limit.hpp>
 #include <sluice/fair_semaphore.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/retry.hpp>
+#include <sluice/retry_budget.hpp>
+#include <sluice/retryable.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/token_bucket.hpp>
 

@@ -74,8 +74,14 @@ struct duration_stats {
 /// metrics.summary("wait_p99_s", std::chrono::duration<double>(s.wait.p99).count());
 /// @endcode
 struct stats {
-  std::uint64_t acquired = 0;   ///< grants so far (a request for n units counts once)
-  std::uint64_t cancelled = 0;  ///< waits that ended cancelled, holding nothing
+  /// Grants their callers got, so far (a request for n units counts once).
+  /// A coroutine's grant counts when it resumes with it: one granted and
+  /// cancelled before it resumed (it passes the grant on and throws
+  /// `operation_aborted`) counts in `cancelled` only. Each wait counts once.
+  std::uint64_t acquired = 0;
+  /// Waits that ended cancelled (`operation_aborted`), holding nothing:
+  /// removed from the queue, or granted and cancelled before they resumed.
+  std::uint64_t cancelled = 0;
   std::uint64_t throttled = 0;  ///< limiters: requests the limit delayed or refused
   std::size_t waiting = 0;      ///< operations waiting now
   std::size_t in_use = 0;       ///< permits held (units taken, for a limiter) now

@@ -17,6 +17,14 @@ namespace sluice {
 /// type carries virtual time.
 using clock = detail::clock;  // std::chrono::steady_clock
 
+/// A `clock::duration` (derived from it) constructible from any
+/// `std::chrono::duration`, saturated to the clock's range instead of
+/// overflowing: the type of the duration fields of sluice's option structs
+/// (`backoff`, `retry_after`, ...), so `.max = std::chrono::hours::max()`
+/// means "forever". Functions taking a duration are templates that saturate
+/// in the same way.
+using saturating_duration = detail::saturating_duration;
+
 namespace detail {
 
 // One virtual sleep: a node in the virtual clock's heap that owns the handler.

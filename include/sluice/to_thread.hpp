@@ -3,7 +3,7 @@
 #define SLUICE_TO_THREAD_HPP
 
 #include <sluice/config.hpp>
-#include <sluice/detail/loop_service.hpp>
+#include <sluice/detail/caller_return.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -54,58 +54,22 @@ struct thread_call {
   std::exception_ptr error;
 };
 
-// The caller's side of one call: the handler that resumes the caller, and a
-// work guard that keeps the caller's execution context from running out of
-// work while `fn` runs. A hook on that context's loop_service: if the context
-// is destroyed first, on_end destroys the handler (the caller's frame) there,
-// on the destroying thread while the context still lives, and the pool thread
-// later finds the hook detached and posts nothing. The pool thread holds the
-// loop's lock across its post, so the context cannot be destroyed in the
-// middle of it (ThreadSanitizer: the scheduler's condition variable).
+// The caller's side of one call (see caller_return): resumed by a post from
+// the pool thread once `fn` has run, unless the caller's loop died first.
 template <class Handler>
-struct thread_return final : loop_hook {
-  using executor_type = asio::associated_executor_t<Handler>;
-
+struct thread_return final : caller_return<Handler, asio::associated_executor_t<Handler>> {
   explicit thread_return(Handler&& h)
-      : handler(std::move(h)),
-        work(asio::make_work_guard(asio::get_associated_executor(*handler))) {
-    on_end = &orphan;
-  }
-  thread_return(const thread_return&) = delete;
-  thread_return& operator=(const thread_return&) = delete;
-  ~thread_return() {
-    if (life) life->detach(*this);
-  }
-
-  // On the caller's loop, before the call is posted.
-  void watch() {
-    life = loop_service::life_of_executor(work->get_executor());
-    if (life) life->attach(*this);  // false only for a context already shut down
-  }
+      : caller_return<Handler, asio::associated_executor_t<Handler>>(
+            std::move(h), asio::get_associated_executor(h)) {}
 
   // On the pool thread, after fn ran: resumes the caller unless its loop died.
   void resume() {
-    if (!life) {  // no loop behind the handler: nothing can die first
-      asio::post(work->get_executor(), [h = std::move(*handler)]() mutable { std::move(h)(); });
-      return;
-    }
-    const auto lock = life->lock();
-    if (!attached) return;
-    life->detach(*this);
-    asio::post(work->get_executor(), [h = std::move(*handler)]() mutable { std::move(h)(); });
-    handler.reset();
-    work.reset();
+    this->post_back([this] {
+      asio::post(this->work->get_executor(),
+                 [h = std::move(*this->handler)]() mutable { std::move(h)(); });
+      this->drop();
+    });
   }
-
-  static void orphan(loop_hook* hook) noexcept {
-    auto* self = static_cast<thread_return*>(hook);
-    self->handler.reset();
-    self->work.reset();
-  }
-
-  std::optional<Handler> handler;
-  std::optional<asio::executor_work_guard<executor_type>> work;
-  std::shared_ptr<loop_life> life;
 };
 
 // Posts the call to `ex`; when it has run, posts the handler back to its own

@@ -3,6 +3,7 @@
 #define SLUICE_TOKEN_BUCKET_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/count_arg.hpp>
 #include <sluice/detail/rate_core.hpp>
 #include <sluice/stats.hpp>
 #include <sluice/time.hpp>
@@ -52,16 +53,25 @@ namespace sluice {
 class token_bucket : public detail::rate_limiter_api<detail::bucket> {
  public:
   /// `rate_per_second` tokens per second, at most `burst` held; starts full.
-  token_bucket(double rate_per_second, std::size_t burst)
-      : rate_limiter_api(name, detail::bucket(rate_per_second, burst, name),
-                         asio::any_io_executor{}) {}
+  /// `burst` may be of any integer type (no narrowing error for an `int`);
+  /// zero or negative: `std::invalid_argument`.
+  template <detail::count_integer I>
+  token_bucket(double rate_per_second, I burst)
+      : rate_limiter_api(
+            name,
+            detail::bucket(rate_per_second, detail::to_count(burst, "sluice::token_bucket: burst"),
+                           name),
+            asio::any_io_executor{}) {}
 
   /// As above, with an executor whose context's clock is used from the start.
-  template <class Executor>
+  template <class Executor, detail::count_integer I>
   requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
-      token_bucket(const Executor& ex, double rate_per_second, std::size_t burst)
-      : rate_limiter_api(name, detail::bucket(rate_per_second, burst, name),
-                         asio::any_io_executor(ex)) {}
+      token_bucket(const Executor& ex, double rate_per_second, I burst)
+      : rate_limiter_api(
+            name,
+            detail::bucket(rate_per_second, detail::to_count(burst, "sluice::token_bucket: burst"),
+                           name),
+            asio::any_io_executor(ex)) {}
 
   /// The capacity.
   [[nodiscard]] std::size_t burst() const noexcept { return core_.policy().burst(); }

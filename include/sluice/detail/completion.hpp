@@ -51,6 +51,17 @@ void post_completion(Handler&& handler, const Executor& fallback, Args&&... args
   });
 }
 
+// The start of every wait that takes a completion handler and has no list
+// of its own (start_wait does the same): completes `handler` at once, through
+// a post, with operation_aborted if its coroutine's cancellation was already
+// requested; true if it did (the caller then starts and takes nothing).
+template <class Handler, class Executor>
+bool refuse_cancelled(Handler& handler, const Executor& fallback) {
+  if (!cancel_requested(handler)) return false;
+  post_completion(std::move(handler), fallback, error_code(asio::error::operation_aborted));
+  return true;
+}
+
 // Owns an operation between a post and the run of the posted function.
 // operator() hands the operation to `Run{}(op)`, which completes it. If the
 // execution context is destroyed before the post runs (a loop stopped with a

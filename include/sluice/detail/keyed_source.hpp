@@ -208,6 +208,7 @@ class keyed_source {
         if constexpr (is_async) {
           state_->pulling = true;
           shared_->pulls->spawn(ex, pull(state_, shared_));
+          if (!state_->pulling) continue;  // it finished inside spawn (co_spawn dispatches)
         } else {
           if (shared_->input.done()) {
             state_->input_done = true;

@@ -19,9 +19,11 @@
 namespace sluice::detail {
 
 // One wait for a permit, with the instant it began (for the wait time).
+// `pending`: the waiting coroutine's, when it counts the grant itself.
 struct timed_wait : wait_op {
-  explicit timed_wait(clock::time_point at) noexcept : since(at) {}
+  timed_wait(clock::time_point at, pending_grant* p) noexcept : since(at), pending(p) {}
   clock::time_point since;
+  pending_grant* pending;
 };
 
 // The counting core shared by semaphore, bounded_semaphore and lock (and each
@@ -31,7 +33,9 @@ struct timed_wait : wait_op {
 // permit straight to the oldest waiter instead of incrementing), so
 // try_acquire() can never barge past a waiter; when bounded_, value_ <= bound_.
 // Stats: every grant adds one to stats_->acquired (a grant that suspended also
-// records its wait); a cancelled wait adds one to stats_->cancelled.
+// records its wait); a cancelled wait adds one to stats_->cancelled. A grant
+// to acquire()'s coroutine is counted when it resumes: as a cancelled wait
+// only if it was cancelled in between (it passes the permit on).
 class permit_core {
  public:
   permit_core(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex)
@@ -65,8 +69,7 @@ class permit_core {
     if (bounded_ && value_ >= bound_) throw std::logic_error(over_release_message);
     if (waiter_node* n = waiters_.pop_front()) {
       auto* w = static_cast<timed_wait*>(n);
-      ++stats_->acquired;
-      stats_->record_wait(stats_->clock.now() - w->since);
+      count_grant(*stats_, w->pending, true, stats_->clock.now() - w->since);
       w->complete(error_code{});
       return;
     }
@@ -93,7 +96,7 @@ class permit_core {
 
   // Returns how the wait started (refused: nothing taken).
   template <class Handler>
-  wait_start initiate(Handler&& handler, bool cancellable) {
+  wait_start initiate(Handler&& handler, bool cancellable, pending_grant* pending = nullptr) {
     const auto hex = asio::get_associated_executor(handler, ex_);
     affinity_.bind(hex);
     const auto in = affinity_.enter(name_);
@@ -104,10 +107,10 @@ class permit_core {
       since = stats_->clock.now();
     }
     const wait_start started = start_wait<timed_wait, deliver_nothing>(
-        std::forward<Handler>(handler), ex_, name_, waiters_, ready, cancellable, since);
+        std::forward<Handler>(handler), ex_, name_, waiters_, ready, cancellable, since, pending);
     if (started == wait_start::completed) {
       --value_;
-      ++stats_->acquired;
+      count_grant(*stats_, pending, false, {});
     }
     return started;
   }
@@ -140,12 +143,18 @@ class permit_core {
     refuse_if_cancelled(state, name_);
     if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
-    co_await async_acquire(asio::use_awaitable);
+    pending_grant grant;
+    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
+        [this, &grant](auto&& handler) {
+          initiate(std::forward<decltype(handler)>(handler), true, &grant);
+        },
+        asio::use_awaitable_t<>{});
     if (state.cancelled() != asio::cancellation_type::none) {
-      ++stats_->cancelled;
+      ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
       hand_on();
       throw system_error(asio::error::operation_aborted);
     }
+    settle_grant(*stats_, grant);
   }
 
   // As acquire(), but the wait ignores cancellation (condition::wait

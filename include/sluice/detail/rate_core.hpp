@@ -31,12 +31,15 @@ namespace sluice::detail {
 // it is granted, then the grant's key (see rate_core::give_back). ex is the
 // executor the waiter resumes on: the limiter's timer, while this waiter is
 // the head, runs on its context (timers belong to the wait).
+// `pending`: the waiting coroutine's, when it counts the grant itself.
 struct rate_wait : wait_op {
-  rate_wait(std::size_t count, clock::time_point at, asio::any_io_executor e) noexcept
-      : n(count), granted_at(at), ex(std::move(e)) {}
+  rate_wait(std::size_t count, clock::time_point at, asio::any_io_executor e,
+            pending_grant* p) noexcept
+      : n(count), granted_at(at), ex(std::move(e)), pending(p) {}
   std::size_t n;
   clock::time_point granted_at;
   asio::any_io_executor ex;
+  pending_grant* pending;
 };
 
 // Internal completions also carry the grant's key, so a grant that a
@@ -86,7 +89,7 @@ class rate_core {
   }
 
   template <class Deliver, class Handler>
-  void initiate(Handler&& handler, std::size_t n) {
+  void initiate(Handler&& handler, std::size_t n, pending_grant* pending = nullptr) {
     auto hex = asio::get_associated_executor(handler, ex_);
     affinity_.bind(hex);
     const auto in = affinity_.enter(name_);
@@ -99,7 +102,7 @@ class rate_core {
     wait_start started = wait_start::waiting;
     try {
       started = start_wait<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_, waiters_,
-                                               ready, true, n, at, std::move(any));
+                                               ready, true, n, at, std::move(any), pending);
     } catch (...) {
       if (ready) policy_.give_back(n, at, now);
       throw;
@@ -109,7 +112,7 @@ class rate_core {
       return;
     }
     if (ready) {
-      ++stats_->acquired;
+      count_grant(*stats_, pending, false, {});
     } else {
       ++stats_->throttled;
       if (waiters_.size() == 1) service();  // the new head: arm the timer
@@ -221,8 +224,10 @@ class rate_core {
     }
     if (!alive_) alive_ = std::make_shared<bool>(true);
     const std::shared_ptr<bool> alive = alive_;
-    auto initiation = [self = this](auto&& handler, std::size_t count) {
-      self->template initiate<deliver_grant_time>(std::forward<decltype(handler)>(handler), count);
+    pending_grant grant;
+    auto initiation = [self = this, &grant](auto&& handler, std::size_t count) {
+      self->template initiate<deliver_grant_time>(std::forward<decltype(handler)>(handler), count,
+                                                  &grant);
     };
     const clock::time_point granted =
         co_await asio::async_initiate<const asio::use_awaitable_t<>&,
@@ -230,11 +235,12 @@ class rate_core {
             std::move(initiation), asio::use_awaitable_t<>{}, n);
     if (state.cancelled() != asio::cancellation_type::none) {
       if (*alive) {
-        ++stats_->cancelled;
+        ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
         give_back(n, granted);
       }
       throw system_error(asio::error::operation_aborted, name_);
     }
+    if (*alive) settle_grant(*stats_, grant);
     if constexpr (Granted) co_return granted;
   }
 
@@ -269,8 +275,7 @@ class rate_core {
         return;
       }
       waiters_.pop_front();
-      ++stats_->acquired;
-      stats_->record_wait(now - w->granted_at);
+      count_grant(*stats_, w->pending, true, now - w->granted_at);
       w->granted_at = policy_.take(w->n, now);
       w->complete(error_code{});
     }

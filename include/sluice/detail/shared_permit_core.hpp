@@ -34,6 +34,9 @@ class shared_permit_core;
 struct shared_wait_node : waiter_node {
   std::atomic<bool> linked{false};
   clock::time_point since{};  // when it was queued (its wait time)
+  // The waiting coroutine's, when it counts the grant itself (written by the
+  // granting thread before the completion is posted).
+  pending_grant* pending = nullptr;
   shared_permit_core* core = nullptr;
   void (*grant_fn)(shared_wait_node*, error_code) = nullptr;
 };
@@ -116,8 +119,7 @@ class shared_permit_core {
           return;
       }
     }
-    stats_.acquired.fetch_add(1, std::memory_order_relaxed);
-    stats_.record_wait(stats_.now() - granted->since);
+    count_grant(stats_, granted->pending, true, stats_.now() - granted->since);
     granted->grant_fn(granted, error_code{});
   }
 
@@ -147,7 +149,7 @@ class shared_permit_core {
       }
     }
     if (ready) {
-      stats_.acquired.fetch_add(1, std::memory_order_relaxed);
+      count_grant(stats_, op->pending, false, {});
       op->grant_fn(op, error_code{});
     }
   }
@@ -335,20 +337,19 @@ class shared_wait_op final : public shared_wait_node, public loop_hook {
   bool orphaned_ = false;            // under life_'s lock: expected back by its shutdown
 };
 
-// Starts one wait on `core` for `handler`.
+// Starts one wait on `core` for `handler`; `pending`: the waiting
+// coroutine's, when it counts the grant itself (see pending_grant).
 template <class Handler>
-void start_shared_wait(shared_permit_core& core, Handler&& handler, const char* what) {
+void start_shared_wait(shared_permit_core& core, Handler&& handler, const char* what,
+                       pending_grant* pending = nullptr) {
   using op_type = shared_wait_op<std::decay_t<Handler>>;
   require_executor<std::decay_t<Handler>>(core.executor(), what);
-  if (cancel_requested(handler)) {  // cancelled before it called: refused, as start_wait does
-    post_completion(std::forward<Handler>(handler), core.executor(),
-                    error_code(asio::error::operation_aborted));
-    return;
-  }
+  if (refuse_cancelled(handler, core.executor())) return;  // cancelled before it called
   std::decay_t<Handler> h(std::forward<Handler>(handler));
   const asio::any_io_executor waiter_ex =
       stats_executor(asio::get_associated_executor(h, core.executor()));
   op_type* op = op_type::create(std::move(h), core.executor());
+  op->pending = pending;
   op->arm_cancellation();  // before the op can be granted by another thread
   core.start(op, waiter_ex);
 }

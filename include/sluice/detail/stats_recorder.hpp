@@ -190,6 +190,15 @@ class stats_clock {
   virtual_clock_service* vclock_ = nullptr;
 };
 
+// A grant to a coroutine that may still be cancelled before it resumes:
+// the granting side fills this in the waiter's frame instead of counting, and
+// the coroutine settles it when it resumes, as a grant (acquired, its wait)
+// or, cancelled in between, as a cancelled wait only: each wait counts once.
+struct pending_grant {
+  bool waited = false;  // it queued: `wait` is its wait time
+  clock::duration wait{};
+};
+
 // The counters and timings of one loop-affine limit (or of every key of a
 // keyed one). The buckets are allocated at the first timed event, once; if
 // that allocation fails the durations are not recorded (the counts still
@@ -255,6 +264,26 @@ class stats_sink {
   std::unique_ptr<timing> timing_;
   std::uint32_t hold_tick_ = 0;
 };
+
+// A grant, on either sink: counted now, or (`g` not null) left in the
+// waiter's pending_grant to settle when it resumes. `waited`: it queued for
+// `wait`.
+template <class Sink>
+void count_grant(Sink& sink, pending_grant* g, bool waited, clock::duration wait) noexcept {
+  if (g != nullptr) {
+    *g = {waited, wait};
+    return;
+  }
+  stats_add(sink.acquired, 1);
+  if (waited) sink.record_wait(wait);
+}
+
+// The waiter of `g` resumed holding its grant: it counts now.
+template <class Sink>
+void settle_grant(Sink& sink, const pending_grant& g) noexcept {
+  stats_add(sink.acquired, 1);
+  if (g.waited) sink.record_wait(g.wait);
+}
 
 // The same for shared_semaphore, whose grants, waits and permit releases
 // happen on any thread: relaxed atomic counters, the buckets allocated once

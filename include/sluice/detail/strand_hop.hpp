@@ -3,7 +3,7 @@
 #define SLUICE_DETAIL_STRAND_HOP_HPP
 
 #include <sluice/config.hpp>
-#include <sluice/detail/loop_service.hpp>
+#include <sluice/detail/caller_return.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -123,53 +123,39 @@ class hop_completion {
   Lost lost_;
 };
 
-// The caller's side of one call: its handler and a work guard on its
-// executor (that loop keeps running while the call is on the strand), shared
-// by the strand side until the completion is posted. A hook on the caller's
-// loop_service, as to_thread's thread_return: if the caller's loop is
-// destroyed first, on_end destroys the handler (the caller's frame) there,
-// while that context still lives, and forwards a terminal cancellation to the
-// strand; the strand side then finds the hook detached, posts nothing into
-// the dead loop, and hands on what the call was granted (see hop_finish). It
-// holds the loop's lock across its post, so the context cannot be destroyed
-// in the middle of it.
+// The caller's side of one call (see caller_return), shared by the strand
+// side until the completion is posted. If the caller's loop is destroyed
+// first, on_end destroys the handler there and forwards a terminal
+// cancellation to the strand; the strand side then finds the hook detached,
+// posts nothing into the dead loop, and hands on what the call was granted
+// (see hop_finish).
 template <class R, class Handler>
-struct hop_return final : loop_hook {
+struct hop_return final
+    : caller_return<Handler, asio::associated_executor_t<Handler, asio::any_io_executor>> {
   using executor_type = asio::associated_executor_t<Handler, asio::any_io_executor>;
 
   hop_return(Handler&& h, executor_type ex, std::weak_ptr<hop_box<R>> b, asio::any_io_executor s)
-      : handler(std::move(h)),
-        work(std::in_place, std::move(ex)),
+      : caller_return<Handler, executor_type>(std::move(h), std::move(ex)),
         box(std::move(b)),
         strand(std::move(s)) {
-    on_end = &orphan;
+    this->on_end = &orphan;
   }
   hop_return(const hop_return&) = delete;
   hop_return& operator=(const hop_return&) = delete;
-  ~hop_return() {
-    if (life) life->detach(*this);
-  }
-
-  // On the caller's executor, at the initiation.
-  void watch() {
-    life = loop_service::life_of_executor(work->get_executor());
-    if (life) life->attach(*this);  // false only for a context already shut down
-  }
+  ~hop_return() { this->unwatch(); }  // before box and strand go: orphan reads them
 
   // On the strand: posts the caller's completion (which takes `lost` along)
   // to its executor. False when the caller's loop has ended: nothing was
   // posted, the caller is gone, `lost` is left to the strand side.
   template <class Lost>
   bool resume(std::exception_ptr e, const std::shared_ptr<hop_box<R>>& b, Lost& lost) {
-    if (!life) {  // no loop behind the handler: nothing can die first
-      post(std::move(e), b, lost);
-      return true;
-    }
-    const auto lock = life->lock();
-    if (!attached) return false;
-    life->detach(*this);
-    post(std::move(e), b, lost);
-    return true;
+    return this->post_back([&] {
+      auto ex = this->work->get_executor();
+      asio::post(ex,
+                 hop_completion<R, Handler, Lost>(std::move(*this->handler), std::move(*this->work),
+                                                  std::move(e), b, std::move(lost)));
+      this->drop();
+    });
   }
 
   // At the caller's loop's end (its destroying thread, under its lock).
@@ -179,8 +165,7 @@ struct hop_return final : loop_hook {
       auto slot = asio::get_associated_cancellation_slot(*self->handler);
       if (slot.is_connected()) slot.clear();
     }
-    self->handler.reset();
-    self->work.reset();
+    self->drop();
     try {  // the wait on the strand need not go on for nobody
       asio::post(self->strand, [b = self->box.lock()] {
         if (b && !b->finished) b->signal.emit(asio::cancellation_type::terminal);
@@ -189,22 +174,8 @@ struct hop_return final : loop_hook {
     }
   }
 
- private:
-  template <class Lost>
-  void post(std::exception_ptr e, const std::shared_ptr<hop_box<R>>& b, Lost& lost) {
-    auto ex = work->get_executor();
-    asio::post(ex, hop_completion<R, Handler, Lost>(std::move(*handler), std::move(*work),
-                                                    std::move(e), b, std::move(lost)));
-    handler.reset();
-    work.reset();
-  }
-
- public:
-  std::optional<Handler> handler;
-  std::optional<asio::executor_work_guard<executor_type>> work;
   std::weak_ptr<hop_box<R>> box;
   asio::any_io_executor strand;
-  std::shared_ptr<loop_life> life;  // of the caller's context
 };
 
 // The strand coroutine's completion handler (runs on the strand): marks the

@@ -59,6 +59,18 @@ constexpr clock::duration saturate(std::chrono::duration<Rep, Period> d) noexcep
   }
 }
 
+// A clock::duration that takes any std::chrono::duration and saturates it
+// (saturate): the type of the duration fields of option structs, where a
+// template parameter cannot serve, so that `.max = std::chrono::hours::max()`
+// means forever instead of overflowing before sluice sees it. Derived from
+// clock::duration: every duration operation applies to it as it is.
+struct saturating_duration : clock::duration {
+  constexpr saturating_duration() noexcept : clock::duration(clock::duration::zero()) {}
+  template <class Rep, class Period>
+  constexpr saturating_duration(std::chrono::duration<Rep, Period> d) noexcept  // implicit
+      : clock::duration(saturate(d)) {}
+};
+
 // A pending virtual timer. It lives inside its operation; `fire` completes
 // (invoke = true) or destroys (invoke = false) the operation.
 struct virtual_timer_node {

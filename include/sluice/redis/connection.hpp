@@ -58,8 +58,11 @@ namespace sluice::redis {
 ///   The connection stays usable.
 /// - A lost connection (the server stopped, the network failed, a protocol
 ///   error) fails every call queued, written or waiting for a reply with
-///   `errc::connection_lost` (`errc::protocol_error`); none of them is retried,
-///   since a command may or may not have run.
+///   `errc::connection_lost` (`errc::protocol_error`; over TLS, an error
+///   OpenSSL reports, e.g. the server's alert that it rejected the client's
+///   certificate, arriving with the first reply: that error, in asio's ssl
+///   category); none of them is retried, since a command may or may not have
+///   run.
 /// - Later calls reconnect: the first call after a loss opens a new socket to
 ///   the same endpoints (one attempt per call; no retry loop, no backoff). If
 ///   that attempt fails, the calls queued behind it fail with the socket's

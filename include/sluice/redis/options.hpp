@@ -96,6 +96,39 @@ struct options {
   bool keepalive = true;
 };
 
+/// One Redis Sentinel process (`redis-sentinel`, port 26379 by default).
+struct sentinel_address {
+  /// Host name or numeric address.
+  std::string host = "127.0.0.1";
+  /// The sentinel's port.
+  std::uint16_t port = 26379;
+};
+
+/// How `connect_sentinel()` talks to the sentinels themselves (they have
+/// their own password and TLS settings; the data nodes take `options`).
+struct sentinel_options {
+  /// ACL user for the sentinels' `AUTH`; empty: the default user.
+  std::string user;
+  /// The sentinels' password (`requirepass` in sentinel.conf); empty: none.
+  std::string password;
+  /// TLS to the sentinels (see `tls_options`); empty: plain TCP.
+  std::optional<tls_options> tls;
+  /// Limit on opening a connection to one sentinel.
+  std::chrono::milliseconds connect_timeout{1000};
+  /// Limit on one sentinel's answer.
+  std::chrono::milliseconds command_timeout{1000};
+  /// Subscribe to `+switch-master` on one sentinel, so that a failover
+  /// moves the connections at once, even those whose old primary is still up.
+  bool watch = true;
+  /// How often every sentinel is asked again which node is the primary
+  /// (each check waits at most this long, and `command_timeout`, for the
+  /// answers). A node stays trusted for a `redis::semaphore` grant only
+  /// while the sentinels' majority named it primary in a check sent less
+  /// than the semaphore's restart grace ago (at least 0.6 s), so keep this
+  /// well below that. Must be positive.
+  std::chrono::milliseconds recheck{250};
+};
+
 }  // namespace sluice::redis
 
 #endif  // SLUICE_REDIS_OPTIONS_HPP

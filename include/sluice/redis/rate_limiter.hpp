@@ -47,12 +47,22 @@ if wait < 1 then wait = 1 end
 return wait
 )lua";
 
+// KEYS: the window. ARGV: calls, per (us). Returns how many starts fit now
+// (read-only: the window is counted from now - per, not trimmed).
+inline constexpr const char* redis_rate_status_lua = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local used = redis.call('ZCOUNT', KEYS[1], string.format('(%.0f', now - tonumber(ARGV[2])), '+inf')
+return math.max(tonumber(ARGV[1]) - used, 0)
+)lua";
+
 struct redis_rate_state {
   std::shared_ptr<redis::connection> conn;
   std::string key;
   std::size_t calls;
   std::chrono::microseconds per;
   redis_script acquire{redis_rate_acquire_lua, {}};
+  redis_script status{redis_rate_status_lua, {}};
   sluice::lock order;  // local waiters, FIFO: one at a time asks the server
   std::size_t waiting = 0;
   // stats(): this client's grants, throttles and cancelled waits, and its
@@ -159,8 +169,9 @@ class rate_limiter {
     check(n);
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [st = st_, n](auto handler) {
-          auto slot = asio::get_associated_cancellation_slot(handler);
           auto ex = st->conn->get_executor();
+          if (detail::refuse_cancelled(handler, ex)) return;  // cancelled before it called
+          auto slot = asio::get_associated_cancellation_slot(handler);
           auto done = [h = std::move(handler), ex](std::exception_ptr, error_code ec) mutable {
             detail::post_completion(std::move(h), ex, ec);
           };
@@ -191,6 +202,19 @@ class rate_limiter {
     co_return true;
   }
 
+  /// Starts that still fit in the window across the fleet now: `calls` minus
+  /// the starts every process recorded within the last `per` by the server's
+  /// clock (starts that left the window are not counted, trimmed or not).
+  /// One round trip; throws as `try_acquire()`; cancellable like it.
+  [[nodiscard]] asio::awaitable<std::size_t> value() {
+    auto st = st_;
+    std::vector<std::string> keys{st->key};
+    std::vector<std::string> a{std::to_string(st->calls), std::to_string(st->per.count())};
+    reply r = co_await detail::redis_eval(*st->conn, st->status, std::move(keys), std::move(a),
+                                          detail::redis_cancel::follow);
+    co_return static_cast<std::size_t>(r.integer);
+  }
+
   /// acquire() calls of this process waiting now.
   [[nodiscard]] std::size_t waiters() const noexcept { return st_->waiting; }
   /// What this client has done and is doing (see `sluice::stats`), with no
@@ -201,7 +225,7 @@ class rate_limiter {
   /// waits that ended in `operation_aborted`; `wait` times every grant from
   /// the call, its round trips included; `waiting` is `waiters()`; `in_use`
   /// the units this client started within the last `per` by its own clock
-  /// (the fleet's window is on the server and is not read); `limit` is
+  /// (the fleet's window is on the server: `co_await value()`); `limit` is
   /// `calls`; no hold time. A request that failed with the connection counts
   /// only in `throttled`, if it had to wait. O(buckets + this client's starts
   /// in the window); read it on the connection's executor.

@@ -71,12 +71,21 @@ struct semaphore_options {
 /// permit's `lost()` turns true and its `wait_lost()` completes, and `run()`
 /// cancels its body and throws `lease_lost`. A renewal that finds the entry
 /// gone (outside a restart's grace) loses it the same way: a holder that was
-/// cut off never re-claims ahead of the queue.
+/// cut off never re-claims ahead of the queue. Through Sentinel a permit is
+/// also certain no longer than the last check in which the sentinels'
+/// majority named its node primary + the restart grace (see
+/// `connect_sentinel()`). Certainty is not a guarantee across a failover: a
+/// promoted replica that lacks the permit (replica lag) grants it again after
+/// its grace, which a holder paused (GC, SIGSTOP) through that time cannot
+/// see; the fencing token is the protection there.
 ///
 /// Fencing tokens: every grant carries a token (`permit::fencing_token()`),
 /// strictly increasing per semaphore (server-side: max(last + 1, server ms x
-/// 1000), so it keeps increasing across a restart from an old snapshot as long
-/// as the server's clock moved on). Pass it to the protected service and let
+/// 1000, and every acquire and renewal first raises `last` to the highest
+/// token its process was granted), so it keeps increasing across a restart
+/// from an old snapshot or a failover to a lagging replica whose clock is
+/// behind: the live clients seed the new node within its grace, before it
+/// grants). Pass it to the protected service and let
 /// it reject a token lower than the highest it has seen: that stops a holder
 /// that was paused (GC, SIGSTOP, swap) past its lease, the one case no lease
 /// can prevent.
@@ -97,7 +106,9 @@ struct semaphore_options {
 ///   snapshot): no new permit is granted for one renewal interval + max(half
 ///   of it, 300 ms) after the change was seen (after the server's start if
 ///   nothing was recorded), while live holders re-claim theirs at their next
-///   renewal; entries of holders that do not renew meanwhile expire then. A
+///   renewal; entries of holders that do not renew meanwhile expire then, and
+///   so do those of waiters that do not ask again (the old node's waiters,
+///   whose clean-up was lost with it). A
 ///   fresh server delays the first grants in the same way; a lease of an hour
 ///   still waits only about 1.8 s.
 /// - `acquire` whose reply is lost with the connection may leave a permit
@@ -188,7 +199,10 @@ class semaphore {
   /// Runs `body()` or `body(fencing_token)` (returning `asio::awaitable<T>`)
   /// under a permit and returns its result. When the permit's lease stops being certain (see the
   /// class comment), `body` is cancelled (terminal), awaited, and `run` throws `lease_lost`, before
-  /// the server can grant the permit elsewhere. Runs the body on the caller's executor.
+  /// the server can grant the permit elsewhere. Not across a failover: a promoted replica that
+  /// lacks the permit (replica lag) may grant it again after its grace while this process was
+  /// paused or cut off; pass the fencing token to the service, which is the protection there.
+  /// Runs the body on the caller's executor.
   /// Cancellation: while waiting for the permit, as `acquire()`; while the body runs, the
   /// cancellation is passed on to it (terminal), it is awaited, and its outcome returned or thrown.
   /// The permit is released when `run` returns.
@@ -206,8 +220,9 @@ class semaphore {
   auto async_acquire(CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [st = st_](auto handler) {
-          auto slot = asio::get_associated_cancellation_slot(handler);
           auto ex = st->conn->get_executor();
+          if (detail::refuse_cancelled(handler, ex)) return;  // cancelled before it called
+          auto slot = asio::get_associated_cancellation_slot(handler);
           auto done = [h = std::move(handler), ex](std::exception_ptr, error_code ec) mutable {
             detail::post_completion(std::move(h), ex, ec);
           };

@@ -37,7 +37,7 @@ using failure_model = std::function<bool(const call_info&)>;
 /// Latency models.
 namespace latency {
 /// Every call takes `d`.
-inline latency_model fixed(std::chrono::nanoseconds d) {
+inline latency_model fixed(sluice::saturating_duration d) {  // any duration, saturated
   return [d](const call_info&) {
     return d;
   };

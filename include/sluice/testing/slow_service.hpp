@@ -196,13 +196,14 @@ class slow_service {
         factor *= 1.0 + opt_.load_latency * static_cast<double>(global_.in_flight) /
                             static_cast<double>(c);
       }
-      scaled = std::chrono::duration_cast<clock::duration>(opt_.latency(info) * factor);
+      scaled = sluice::detail::saturate(opt_.latency(info) * factor);
     } catch (...) {
       finish(index, t0, call_result::failed);
       throw;
     }
-    const auto end = global_.admit(opt_.quota, t0, t0 + scaled, tokens);
-    const auto key_end = ks ? ks->admit(opt_.key_quota, t0, t0 + scaled, tokens) : decltype(end){};
+    const auto until = sluice::detail::add_saturating(t0, scaled);  // max(): never answers
+    const auto end = global_.admit(opt_.quota, t0, until, tokens);
+    const auto key_end = ks ? ks->admit(opt_.key_quota, t0, until, tokens) : decltype(end){};
     enter(key);
     struct ended {  // the call leaves the in-flight ends on every way out
       window_state& g;
@@ -214,7 +215,7 @@ class slow_service {
       }
     } on_exit{global_, ks, end, key_end};
     try {
-      co_await sluice::detail::wait_until(ex, vclock, t0 + scaled);
+      co_await sluice::detail::wait_until(ex, vclock, until);
     } catch (...) {
       leave(key);
       ++cancellations_;

@@ -4,6 +4,8 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/redis/detail/locator.hpp>
+#include <sluice/redis/detail/resp.hpp>
 #include <sluice/redis/detail/tls.hpp>
 #include <sluice/redis/options.hpp>
 #include <sluice/redis/reply.hpp>
@@ -11,7 +13,6 @@
 #include <sluice/detail/asio.hpp>
 #include <sluice/detail/asio_net.hpp>
 
-#include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
@@ -21,7 +22,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -29,100 +29,12 @@
 
 namespace sluice::detail {
 
-// One command in RESP, formatted by hiredis. Throws std::invalid_argument for
-// an empty command.
-inline std::string redis_format(const std::vector<std::string>& args) {
-  if (args.empty()) throw std::invalid_argument("sluice::redis: a command needs at least its name");
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lens;
-  argv.reserve(args.size());
-  lens.reserve(args.size());
-  for (const auto& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  char* out = nullptr;
-  const int n =
-      redisFormatCommandArgv(&out, static_cast<int>(args.size()), argv.data(), lens.data());
-  if (n < 0 || out == nullptr) throw std::bad_alloc();
-  std::string s(out, static_cast<std::size_t>(n));
-  redisFreeCommand(out);
-  return s;
-}
-
-// Copies hiredis's reply tree into a redis::reply.
-inline redis::reply redis_convert(const redisReply* r) {
-  redis::reply out;
-  switch (r->type) {
-    case REDIS_REPLY_NIL:
-      out.kind = redis::reply_kind::nil;
-      break;
-    case REDIS_REPLY_INTEGER:
-      out.kind = redis::reply_kind::integer;
-      out.integer = r->integer;
-      break;
-    case REDIS_REPLY_ARRAY:
-      out.kind = redis::reply_kind::array;
-      out.elements.reserve(r->elements);
-      for (std::size_t i = 0; i < r->elements; ++i)
-        out.elements.push_back(redis_convert(r->element[i]));
-      break;
-    case REDIS_REPLY_STATUS:
-      out.kind = redis::reply_kind::status;
-      out.str.assign(r->str, r->len);
-      break;
-    case REDIS_REPLY_ERROR:
-      out.kind = redis::reply_kind::error;
-      out.str.assign(r->str, r->len);
-      break;
-    default:  // string, and RESP3 kinds of newer hiredis
-      out.kind = redis::reply_kind::string;
-      if (r->str != nullptr) out.str.assign(r->str, r->len);
-      break;
-  }
-  return out;
-}
-
-// A pub/sub message ("message"/"pmessage" array) on a subscribed connection.
-inline bool redis_is_push(const redis::reply& r) {
-  return r.kind == redis::reply_kind::array && r.elements.size() >= 3 &&
-         (r.elements[0].str == "message" || r.elements[0].str == "pmessage");
-}
-
 // One call waiting for its reply. The handler is empty once it has completed
 // (a cancelled call stays queued: its reply is still read and dropped).
 struct redis_request {
   erased_handler<error_code, redis::reply> handler;
   std::chrono::steady_clock::time_point deadline{};  // command_timeout; set once sent
   bool internal = false;  // AUTH/SELECT of the handshake: an error reply drops the connection
-};
-
-class redis_io;
-
-// Where a connection that follows a primary (Sentinel) connects: asked
-// before every connect; shared by a connection and those opened from it with
-// connect_again(), which attach() on creation and detach() on shutdown. It
-// owns the I/O it needs (sentinel queries, the +switch-master watcher) and
-// ends it once every connection of the group has detached.
-class redis_locator {
- public:
-  using endpoint_type = asio::generic::stream_protocol::endpoint;
-  // What locate() found: where to connect; its host (as the sentinels name
-  // it: TLS checks the certificate against it unless tls_options says) and port.
-  struct found {
-    std::vector<endpoint_type> endpoints;
-    std::string host, port;
-  };
-  virtual ~redis_locator() = default;
-  // Completes `done` later (never inline) with the current primary.
-  virtual void locate(std::function<void(error_code, found)> done) = 0;
-  virtual void attach(const std::shared_ptr<redis_io>& io) = 0;
-  virtual void detach() = 0;
-  // Calls `done` (later, never inline) once the locator's own I/O has ended.
-  virtual void wait_idle(std::function<void()> done) = 0;
-  // The local send time of the last check in which the sentinels' majority
-  // named `node` ("host:port") primary; time_point::min() if none did.
-  virtual std::chrono::steady_clock::time_point confirmed_at(const std::string& node) const = 0;
 };
 
 // The state behind a redis::connection, shared with its pending I/O handlers.
@@ -169,9 +81,6 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   }
   redis_io(const redis_io&) = delete;
   redis_io& operator=(const redis_io&) = delete;
-  ~redis_io() {
-    if (reader_ != nullptr) redisReaderFree(reader_);
-  }
 
   const asio::any_io_executor& executor() const noexcept {
     return ex_;
@@ -354,9 +263,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     tls_.reset();  // its last operations keep it alive until they end
     if (tls_ctx_) tls_ = redis_tls_open(ex_, *tls_ctx_, *opts_.tls, host_);
 #endif
-    if (reader_ != nullptr) redisReaderFree(reader_);
-    reader_ = redisReaderCreate();
-    if (reader_ == nullptr) throw std::bad_alloc();
+    reader_.reset();
     ++io_ops_;
     asio::async_connect(lowest(), endpoints_,
                         [self = shared_from_this(), gen = gen_](
@@ -422,16 +329,14 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   void on_read(unsigned gen, error_code ec, std::size_t n) {
     --io_ops_;
     if (gen != gen_) return maybe_idle();
-    if (ec) return fail(redis::make_error_code(redis::errc::connection_lost));
-    if (redisReaderFeed(reader_, rbuf_.data(), n) != REDIS_OK)
+    if (ec) return fail(lost_because(ec));
+    if (!reader_.feed(rbuf_.data(), n))
       return fail(redis::make_error_code(redis::errc::protocol_error));
     for (;;) {
-      void* raw = nullptr;
-      if (redisReaderGetReply(reader_, &raw) != REDIS_OK)
-        return fail(redis::make_error_code(redis::errc::protocol_error));
-      if (raw == nullptr) break;
-      redis::reply r = redis_convert(static_cast<const redisReply*>(raw));
-      freeReplyObject(raw);
+      redis::reply r;
+      const int got = reader_.next(r);
+      if (got < 0) return fail(redis::make_error_code(redis::errc::protocol_error));
+      if (got == 0) break;
       dispatch(std::move(r));
       if (gen != gen_) return maybe_idle();  // a callback shut it down
     }
@@ -457,19 +362,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   // AUTH and SELECT go first on every new socket, ahead of the calls queued
   // while it was opening; their replies are consumed here.
   void prepend_handshake() {
-    std::string bytes;
-    std::size_t n = 0;
-    if (!opts_.password.empty()) {
-      std::vector<std::string> auth{"AUTH"};
-      if (!opts_.user.empty()) auth.push_back(opts_.user);
-      auth.push_back(opts_.password);
-      bytes += redis_format(auth);
-      ++n;
-    }
-    if (opts_.db != 0) {
-      bytes += redis_format({"SELECT", std::to_string(opts_.db)});
-      ++n;
-    }
+    auto [bytes, n] = redis_handshake(opts_);
     out_.insert(0, bytes);
     for (std::size_t i = 0; i < n; ++i) {
       auto req = std::make_shared<redis_request>();
@@ -563,8 +456,19 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
       start_write();  // bytes queued for a newer socket
       return maybe_idle();
     }
-    if (ec) return fail(redis::make_error_code(redis::errc::connection_lost));
+    if (ec) return fail(lost_because(ec));
     start_write();
+  }
+
+  // What a failed read or write reports: what TLS said (a server that
+  // rejects the client's certificate sends its alert with the first reply),
+  // else errc::connection_lost.
+  static error_code lost_because(error_code ec) {
+#if defined(SLUICE_REDIS_TLS)
+    if (ec.category() == asio::error::get_ssl_category()) return ec;
+#endif
+    (void)ec;
+    return redis::make_error_code(redis::errc::connection_lost);
   }
 
   // Drops the socket and fails every call queued or waiting on it.
@@ -621,7 +525,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   std::string out_;
   std::string writing_;
   std::deque<std::shared_ptr<redis_request>> pending_;
-  redisReader* reader_ = nullptr;
+  redis_resp_reader reader_;
   std::array<char, 16384> rbuf_{};
   std::function<void(const redis::reply&)> on_message_;
   std::function<void()> on_lost_;
