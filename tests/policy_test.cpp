@@ -318,6 +318,26 @@ TEST_CASE("shed wraps a rate limiter: starts over the quota wait, one past the b
   CHECK(e[2].is<sluice::overloaded_error>());
 }
 
+TEST_CASE("shed wraps a strand_bound limit: the try on the strand, then the bound",
+          "[policy][shed]") {
+  virtual_loop loop;
+  sluice::strand_bound<sluice::semaphore> cap{asio::make_strand(loop.get_executor()), 1};
+  auto p = sluice::policy(sluice::shed(cap, {.max_waiting = 1}));
+  std::vector<ended> e(3);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto call = [&] {
+      return p([] { return work(1s); });
+    };
+    co_await sluice::gather(at(0s, call, e[0]), at(0s, call, e[1]), at(0s, call, e[2]));
+  });
+  CHECK(e[0].at == 1s);
+  CHECK(e[1].at == 2s);
+  CHECK(!e[1].error);
+  CHECK(e[2].at == 0s);
+  CHECK(e[2].is<sluice::overloaded_error>());
+  CHECK(p.get<0>().stats().admitted == 2);
+}
+
 // ---- circuit breaker --------------------------------------------------------
 
 namespace {

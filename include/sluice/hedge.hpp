@@ -178,7 +178,8 @@ class hedge_layer {
     co_await asio::this_coro::throw_if_cancelled(false);
     if (caller.cancelled() != asio::cancellation_type::none) children.cancel_from_parent();
     error_code ec;
-    co_await children.async_join(ex, asio::redirect_error(asio::use_awaitable_t<Executor>(), ec));
+    auto join_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
+    co_await children.async_join(ex, join_token);
     co_await asio::this_coro::throw_if_cancelled(throw_before);
     if (ec) throw system_error(ec, "sluice::hedge");
     if (race->won) {

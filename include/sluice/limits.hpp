@@ -69,7 +69,8 @@ class limits_layer {
   [[nodiscard]] std::size_t lingering() const { return lingering_.lingering(); }
   /// Completes when no permit lingers.
   [[nodiscard]] asio::awaitable<void> join() {
-    co_await lingering_.join(co_await asio::this_coro::executor);
+    const auto ex = co_await asio::this_coro::executor;  // named: see linger_set::join
+    co_await lingering_.join(ex);
   }
 
  private:

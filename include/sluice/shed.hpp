@@ -142,7 +142,8 @@ class shed_layer {
   /// Completes when no permit lingers; await it before destroying the layer
   /// or its limit.
   [[nodiscard]] asio::awaitable<void> join() {
-    co_await lingering_.join(co_await asio::this_coro::executor);
+    const auto ex = co_await asio::this_coro::executor;  // named: see linger_set::join
+    co_await lingering_.join(ex);
   }
 
   /// The limit this layer takes.

@@ -45,19 +45,21 @@ class linger_set {
   // Completes when no permit lingers (at once if none does). One join at a time.
   template <class Executor>
   asio::awaitable<void, Executor> join(Executor ex) {
+    // Named, not a temporary of the co_await expression: g++ 12 destroys
+    // such temporaries twice (an over-released shared_ptr), as time.hpp notes.
+    auto initiation = [s = s_, ex](auto handler) {
+      std::unique_lock lock(s->mutex);
+      if (s->lingering == 0) {
+        lock.unlock();
+        asio::post(ex, std::move(handler));
+        return;
+      }
+      s->joiner = [h = std::make_shared<decltype(handler)>(std::move(handler)), ex]() mutable {
+        asio::post(ex, std::move(*h));
+      };
+    };
     co_await asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
-        [s = s_, ex](auto handler) {
-          std::unique_lock lock(s->mutex);
-          if (s->lingering == 0) {
-            lock.unlock();
-            asio::post(ex, std::move(handler));
-            return;
-          }
-          s->joiner = [h = std::make_shared<decltype(handler)>(std::move(handler)), ex]() mutable {
-            asio::post(ex, std::move(*h));
-          };
-        },
-        asio::use_awaitable_t<Executor>{});
+        std::move(initiation), asio::use_awaitable_t<Executor>{});
   }
 
  private:
