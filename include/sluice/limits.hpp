@@ -5,9 +5,9 @@
 #include <sluice/acquire_all.hpp>
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
+#include <sluice/linger.hpp>
 
 #include <sluice/detail/asio.hpp>
-#include <sluice/detail/linger_set.hpp>
 
 #include <cstddef>
 #include <tuple>

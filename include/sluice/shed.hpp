@@ -4,12 +4,12 @@
 
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
+#include <sluice/linger.hpp>
 #include <sluice/overloaded_error.hpp>
 #include <sluice/retry.hpp>
 #include <sluice/timeout.hpp>
 
 #include <sluice/detail/asio.hpp>
-#include <sluice/detail/linger_set.hpp>
 
 #include <atomic>
 #include <chrono>

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: BSL-1.0
-#ifndef SLUICE_DETAIL_LINGER_SET_HPP
-#define SLUICE_DETAIL_LINGER_SET_HPP
+// Provider-side accounting for the call-policy layers (`shed`, `limits`):
+// the permits of abandoned calls kept a while longer, so that a cap means
+// calls at the provider. Its machinery waits on time (`time.hpp`) and so
+// sits above `detail/`; users name it through the layers' `.linger` options.
+#ifndef SLUICE_LINGER_HPP
+#define SLUICE_LINGER_HPP
 
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
@@ -126,4 +130,4 @@ auto call_holding(linger_set& set, clock::duration linger, Held held, Next& next
 
 }  // namespace sluice::detail
 
-#endif  // SLUICE_DETAIL_LINGER_SET_HPP
+#endif  // SLUICE_LINGER_HPP
