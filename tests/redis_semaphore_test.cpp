@@ -551,3 +551,24 @@ TEST_CASE("a caller cancelled before it called acquire is refused at once, takin
     co_await conn->close();
   }());
 }
+
+TEST_CASE("a lease of hours::max() is the clock's range, not a wrapped negative",
+          "[redis_semaphore]") {
+  // Converted implicitly to milliseconds, hours::max() overflowed and was
+  // refused as "shorter than 30 ms".
+  const int port = shared_redis_server().port();
+  asio::io_context ctx;
+  run_for(ctx, [&]() -> asio::awaitable<void> {
+    auto conn = co_await connect_to(port);
+    sluice::redis::semaphore sem{conn, "forever", 1, std::chrono::hours::max()};
+    {
+      auto p = co_await sem.scoped_acquire();
+      CHECK(sem.held() == 1);
+      const std::size_t free_now = co_await sem.value();
+      CHECK(free_now == 0);
+    }
+    CHECK(sem.held() == 0);
+    co_await sem.close();
+    co_await conn->close();
+  }());
+}

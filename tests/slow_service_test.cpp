@@ -462,3 +462,30 @@ TEST_CASE("a latency model sees the key as a string_view and returns sluice::clo
   CHECK(loop.now() == 6s);
   CHECK(keys == std::vector<std::string>{"slow", "fast"});
 }
+
+TEST_CASE("quota windows, capacity steps and uniform bounds take any duration, saturated",
+          "[slow_service]") {
+  // hours::max() in nanoseconds overflows: the window wrapped negative (no
+  // call ever counted in it) and the step time wrapped before the first one.
+  slow_service svc({.latency = latency::uniform(1s, std::chrono::hours::max()),
+                    .quota = {.calls_per_window = 1, .window = std::chrono::hours::max()},
+                    .capacity = {{0s, 5}, {std::chrono::hours::max(), 1}}});
+  CHECK(svc.capacity_at(0s) == 5);
+  CHECK(svc.capacity_at(std::chrono::hours(24 * 365 * 100)) == 5);  // the last step never comes
+  slow_service quick({.latency = latency::fixed(1s),
+                      .quota = {.calls_per_window = 1, .window = std::chrono::hours::max()}});
+  virtual_loop loop;
+  std::vector<sluice::outcome<void>> r;
+  loop.run([&]() -> asio::awaitable<void> {
+    r = co_await sluice::gather(calls(quick, std::vector<std::string>(1)),
+                                sluice::return_exceptions);
+    co_await sluice::sleep(std::chrono::hours(24 * 365));  // a year later: still in the window
+    auto more = co_await sluice::gather(calls(quick, std::vector<std::string>(1)),
+                                        sluice::return_exceptions);
+    r.insert(r.end(), more.begin(), more.end());
+  });
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].has_value());
+  CHECK_FALSE(r[1].has_value());
+  CHECK(quick.throttles() == 1);
+}

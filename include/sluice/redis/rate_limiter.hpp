@@ -140,7 +140,9 @@ class rate_limiter {
     if (calls == 0) throw std::invalid_argument("sluice::redis::rate_limiter: calls == 0");
     detail::redis_check_exact(calls, "sluice::redis::rate_limiter");
     detail::redis_check_name(name, "sluice::redis::rate_limiter");
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(per);
+    // Saturated first: hours::max() is a window of the clock's range, never a wrapped one.
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(sluice::detail::saturate(per));
     if (us.count() <= 0) throw std::invalid_argument("sluice::redis::rate_limiter: per <= 0");
     st_ = std::make_shared<detail::redis_rate_state>();
     st_->conn = std::move(conn);

@@ -155,9 +155,13 @@ class semaphore {
   /// leases of `lease`. Throws `std::invalid_argument` if `permits == 0` or
   /// above 2^53 (Lua numbers are doubles), `lease < 30 ms` (renewals need a
   /// few round trips of slack), `conn` is null, or `name` is empty or has a
-  /// brace (it is the keys' `{hash tag}`). Sends nothing yet.
+  /// brace (it is the keys' `{hash tag}`). Sends nothing yet. `lease` takes
+  /// any duration, saturated (then counted in whole milliseconds).
+  template <class Rep, class Period>
   semaphore(std::shared_ptr<connection> conn, std::string name, std::size_t permits,
-            std::chrono::milliseconds lease, semaphore_options opts = {}) {
+            std::chrono::duration<Rep, Period> lease_for, semaphore_options opts = {}) {
+    const auto lease =
+        std::chrono::duration_cast<std::chrono::milliseconds>(sluice::detail::saturate(lease_for));
     if (!conn) throw std::invalid_argument("sluice::redis::semaphore: null connection");
     if (permits == 0) throw std::invalid_argument("sluice::redis::semaphore: permits == 0");
     detail::redis_check_exact(permits, "sluice::redis::semaphore");

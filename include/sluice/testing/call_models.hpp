@@ -43,7 +43,8 @@ inline latency_model fixed(sluice::saturating_duration d) {  // any duration, sa
   };
 }
 /// Uniform in [lo, hi] in whole milliseconds, drawn from (seed, call index).
-inline latency_model uniform(std::chrono::nanoseconds lo, std::chrono::nanoseconds hi,
+/// `lo` and `hi` take any duration, saturated.
+inline latency_model uniform(sluice::saturating_duration lo, sluice::saturating_duration hi,
                              std::uint64_t seed = 1) {
   if (hi < lo) throw std::invalid_argument("sluice::testing::latency::uniform: hi < lo");
   const auto lo_ms = std::chrono::ceil<std::chrono::milliseconds>(lo).count();

@@ -24,7 +24,7 @@ struct quota {
   std::size_t calls_per_window =
       0;  ///< more than this many starts per `window` is throttled (0: no limit)
   /// The window `calls_per_window` and `tokens_per_window` count in.
-  std::chrono::nanoseconds window{std::chrono::seconds(1)};
+  sluice::saturating_duration window{std::chrono::seconds(1)};  ///< any duration, saturated
   /// A weighted quota (an LLM's tokens per minute): a call's `tokens` (the
   /// third argument of `call`) added to those of the calls admitted in the
   /// window may not exceed this (0: no limit). A call heavier than the whole
@@ -36,8 +36,8 @@ struct quota {
 /// service's origin) on, a call that would make more than `max_in_flight` calls
 /// in flight is throttled.
 struct capacity_step {
-  std::chrono::nanoseconds at;  ///< when this capacity starts (0 for the first step)
-  std::size_t max_in_flight;    ///< calls the provider serves at once from then on (>= 1)
+  sluice::saturating_duration at;  ///< when this capacity starts (0 for the first step); saturated
+  std::size_t max_in_flight;       ///< calls the provider serves at once from then on (>= 1)
 };
 
 }  // namespace sluice::testing

@@ -275,8 +275,7 @@ class slow_service {
   [[nodiscard]] std::size_t capacity_at(std::chrono::nanoseconds t) const noexcept {
     std::size_t c = 0;
     for (const auto& step : opt_.capacity) {
-      if (std::chrono::duration_cast<std::chrono::nanoseconds>(step.at * opt_.time_scale) > t)
-        break;
+      if (sluice::detail::saturate(step.at * opt_.time_scale) > t) break;
       c = step.max_in_flight;
     }
     return c;
@@ -302,7 +301,7 @@ class slow_service {
   }
 
   [[nodiscard]] clock::duration scaled_window(const quota& q) const {
-    return std::chrono::duration_cast<clock::duration>(q.window * opt_.time_scale);
+    return sluice::detail::saturate(q.window * opt_.time_scale);
   }
 
   void enter(const std::string& key) {
