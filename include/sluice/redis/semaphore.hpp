@@ -160,8 +160,11 @@ class semaphore {
   template <class Rep, class Period>
   semaphore(std::shared_ptr<connection> conn, std::string name, std::size_t permits,
             std::chrono::duration<Rep, Period> lease_for, semaphore_options opts = {}) {
-    const auto lease =
-        std::chrono::duration_cast<std::chrono::milliseconds>(sluice::detail::saturate(lease_for));
+    const auto saturated = sluice::detail::saturate(lease_for);
+    const auto lease =  // forever stays forever: milliseconds::max() is the endless lease
+        saturated == decltype(saturated)::max()
+            ? std::chrono::milliseconds::max()
+            : std::chrono::duration_cast<std::chrono::milliseconds>(saturated);
     if (!conn) throw std::invalid_argument("sluice::redis::semaphore: null connection");
     if (permits == 0) throw std::invalid_argument("sluice::redis::semaphore: permits == 0");
     detail::redis_check_exact(permits, "sluice::redis::semaphore");
