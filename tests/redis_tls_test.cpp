@@ -70,8 +70,8 @@ struct certificates {
       return run_quiet(head);
     };
     const bool ok =
-        req({"openssl", "req", "-x509"},
-            {"-keyout", dir + "/ca.key", "-out", ca, "-days", "2", "-subj", "/CN=sluice test CA"}) &&
+        req({"openssl", "req", "-x509"}, {"-keyout", dir + "/ca.key", "-out", ca, "-days", "2",
+                                          "-subj", "/CN=sluice test CA"}) &&
         req({"openssl", "req"},
             {"-keyout", server_key, "-out", dir + "/server.csr", "-subj", "/CN=localhost"}) &&
         run_quiet({"openssl", "x509", "-req", "-in", dir + "/server.csr", "-CA", ca, "-CAkey",
@@ -111,13 +111,30 @@ class tls_server {
     const auto& c = certs();
     for (int attempt = 0; attempt < 3 && pid_ <= 0; ++attempt) {
       port_ = sluice_test::free_port();
-      pid_ = sluice_test::spawn_process(
-          {"redis-server", "--port", "0", "--tls-port", std::to_string(port_), "--bind",
-           "127.0.0.1", "--tls-cert-file", c.server_cert, "--tls-key-file", c.server_key,
-           "--tls-ca-cert-file", c.ca, "--tls-auth-clients", auth_clients ? "yes" : "no",
-           "--requirepass", "s3cret",
-           "--save", "", "--appendonly", "no", "--logfile", "/dev/null"},
-          true);
+      pid_ = sluice_test::spawn_process({"redis-server",
+                                         "--port",
+                                         "0",
+                                         "--tls-port",
+                                         std::to_string(port_),
+                                         "--bind",
+                                         "127.0.0.1",
+                                         "--tls-cert-file",
+                                         c.server_cert,
+                                         "--tls-key-file",
+                                         c.server_key,
+                                         "--tls-ca-cert-file",
+                                         c.ca,
+                                         "--tls-auth-clients",
+                                         auth_clients ? "yes" : "no",
+                                         "--requirepass",
+                                         "s3cret",
+                                         "--save",
+                                         "",
+                                         "--appendonly",
+                                         "no",
+                                         "--logfile",
+                                         "/dev/null"},
+                                        true);
       if (pid_ <= 0) break;
       bool up = false;
       for (int i = 0; i < 500 && !up; ++i) {
@@ -318,8 +335,7 @@ TEST_CASE("TLS: a server that rejects the client's certificate says so, not 'con
   CHECK(attempt(o).empty());
 }
 
-TEST_CASE("TLS: after CLIENT KILL the next call does the handshake and AUTH again",
-          "[redis_tls]") {
+TEST_CASE("TLS: after CLIENT KILL the next call does the handshake and AUTH again", "[redis_tls]") {
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
     auto ex = co_await asio::this_coro::executor;

@@ -26,6 +26,7 @@
 #include <sluice/event.hpp>
 #include <sluice/lock.hpp>
 #include <sluice/queue.hpp>
+#include <sluice/queue_error.hpp>
 #include <sluice/semaphore.hpp>
 
 // Structured concurrency and threads (shared_semaphore is the one thread-safe primitive;
@@ -55,6 +56,7 @@
 #include <sluice/breaker.hpp>
 #include <sluice/hedge.hpp>
 #include <sluice/limits.hpp>
+#include <sluice/linger.hpp>
 #include <sluice/overloaded_error.hpp>
 #include <sluice/policy.hpp>
 #include <sluice/retry_layer.hpp>

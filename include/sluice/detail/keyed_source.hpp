@@ -202,8 +202,7 @@ class keyed_source {
     for (;;) {
       if (auto e = std::exchange(state_->error, nullptr)) std::rethrow_exception(e);
       if (auto t = state_->take()) co_return item{std::move(t->first), std::move(t->second)};
-      if (state_->input_done && !state_->pulling && state_->buffered() == 0)
-        co_return std::nullopt;
+      if (state_->input_done && !state_->pulling && state_->buffered() == 0) co_return std::nullopt;
       if (!state_->input_done && !state_->pulling && state_->has_room()) {
         if constexpr (is_async) {
           state_->pulling = true;
@@ -230,8 +229,8 @@ class keyed_source {
     shared_->pulls->cancel_all();
     error_code ec;
     const Executor ex = co_await asio::this_coro::executor;
-    co_await shared_->pulls->async_join(ex,
-                                       asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
+    co_await shared_->pulls->async_join(
+        ex, asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
     if constexpr (is_async && !std::is_reference_v<In>) {
       if constexpr (requires(std::remove_reference_t<In> & s) {
                       { s.close() } -> std::same_as<asio::awaitable<void, Executor>>;
