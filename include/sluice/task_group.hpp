@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/child_set.hpp>
+#include <sluice/detail/lazy.hpp>
 #include <sluice/detail/nursery.hpp>
 #include <sluice/detail/producer_queue.hpp>
 #include <sluice/progress.hpp>
@@ -212,6 +213,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   ///   if (!co_await g.spawn_when_ready(run_job(j))) co_return;  // at most `limit` jobs taken
   /// }
   /// @endcode
+  template <class Lazy = void>  // compiled only in the TUs that call it (detail/lazy.hpp)
   [[nodiscard]] asio::awaitable<bool> spawn_when_ready(asio::awaitable<void> child) {
     affinity_.check("sluice::task_group");
     const auto state = co_await asio::this_coro::cancellation_state;
@@ -222,7 +224,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
       start(std::move(child));
       co_return true;
     }
-    co_return co_await ready_.wait(ex_, std::move(child));
+    co_return co_await ready_.wait<Lazy>(ex_, std::move(child));
   }
 
   /// Children accepted and not yet finished: running plus waiting for a slot.
@@ -268,6 +270,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     // Stopped before it started: nothing to do.
     if (stop != nullptr && stop->stop_requested()) co_return;
     auto g = std::make_shared<task_group>(key{}, co_await asio::this_coro::executor, limit);
+    g->template arm<detail::lazy_void<Body>>();
     g->progress_ = std::move(progress);
     if (g->progress_) g->progress_->begin(g->ex_);
     stop_registration registration{*g};
@@ -345,13 +348,24 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     } else {
       grace_->cancel_all();  // a shorter grace replaces the running timer
     }
-    grace_->spawn(ex_, grace_timer(shared_from_this(), deadline));
+    start_grace_(*this, deadline);
   }
 
+  // What starts coroutines is compiled only where run() is (detail/lazy.hpp).
+  template <class Lazy>
+  void arm() noexcept {
+    nursery::arm<Lazy>();
+    start_grace_ = [](task_group& g, clock::time_point deadline) {
+      g.grace_->spawn(detail::lazy<Lazy>(g.ex_), grace_timer<Lazy>(g.shared_from_this(), deadline));
+    };
+  }
+
+  template <class Lazy>
   static asio::awaitable<void> grace_timer(std::shared_ptr<task_group> g,
                                            clock::time_point deadline) {
     try {
-      co_await detail::wait_until(g->ex_, detail::find_virtual_clock(g->ex_), deadline);
+      co_await detail::wait_until(detail::lazy<Lazy>(g->ex_), detail::find_virtual_clock(g->ex_),
+                                  deadline);
     } catch (...) {
       co_return;  // the group finished first, or a shorter grace replaced it
     }
@@ -417,6 +431,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   bool quiet_abort_ = false;                   // operation_aborted is not a failure
   std::optional<clock::time_point> grace_deadline_;
   std::shared_ptr<detail::child_set> grace_;  // the grace timer, once a stop asked for one
+  void (*start_grace_)(task_group&, clock::time_point) = nullptr;  // set by arm()
   hooks_ptr progress_;
   std::exception_ptr first_error_;
   [[no_unique_address]] detail::affinity affinity_;

@@ -7,6 +7,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/lazy.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -37,6 +38,8 @@ class producer_queue {
   // unstarted; the wait then completes with operation_aborted. Completions
   // are posted, never run inside the call that caused them; `ex` is where a
   // handler without an executor of its own runs.
+  // A template: compiled only in the TUs that call it (detail/lazy.hpp).
+  template <class Lazy>
   asio::awaitable<bool> wait(asio::any_io_executor ex, asio::awaitable<void> child) {
     return asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code, bool)>(
         [this, ex](auto handler, asio::awaitable<void> c) {
@@ -58,7 +61,7 @@ class producer_queue {
           }
           it->handler = erased_handler<error_code, bool>(std::move(handler), ex);
         },
-        asio::use_awaitable, std::move(child));
+        lazy<Lazy>(asio::use_awaitable), std::move(child));
   }
 
   // The oldest producer gets its slot: its wait completes with true (posted)
