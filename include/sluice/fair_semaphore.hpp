@@ -4,11 +4,11 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/doubles.hpp>
 #include <sluice/detail/permit_core.hpp>
 
 #include <sluice/detail/asio.hpp>
 
-#include <cmath>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -107,8 +107,10 @@ class fair_semaphore {
   class permit {
    public:
     permit() noexcept = default;
+    /// Takes over `o`'s permit; `o` then holds none.
     permit(permit&& o) noexcept
         : s_(std::exchange(o.s_, nullptr)), n_(std::exchange(o.n_, nullptr)) {}
+    /// Releases the permit held, then takes over `o`'s.
     permit& operator=(permit&& o) noexcept {
       if (this != &o) {
         reset();
@@ -222,7 +224,7 @@ class fair_semaphore {
   /// weight / the sum of the waiting keys' weights. Throws
   /// `std::invalid_argument` unless `w` is finite and > 0.
   void set_weight(const Key& key, double w) {
-    if (!(w > 0) || !std::isfinite(w))
+    if (!(w > 0) || !detail::is_finite(w))
       throw std::invalid_argument("sluice::fair_semaphore::set_weight: weight must be > 0");
     weights_[key] = w;
     if (auto it = map_.find(key); it != map_.end()) it->second.weight = w;
