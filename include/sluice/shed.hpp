@@ -127,6 +127,7 @@ class shed_layer {
  public:
   /// The layer over `limit` with bounds `o`.
   shed_layer(L& limit, shed_options o) : limit_(&limit), opt_(o) {}
+  /// Copies the limit's address and the options.
   shed_layer(shed_layer&& o) noexcept : limit_(o.limit_), opt_(o.opt_) {}
 
   /// Takes the limit (or sheds), then awaits `next()` holding it.
