@@ -28,9 +28,9 @@ struct by_key_options {
 /// buffer bound, passed to `map_unordered` after its limit.
 template <class KeyFn>
 struct by_key_t {
-  KeyFn key;            ///< the input's key: `key(input)`
-  std::size_t per_key;  ///< the most tasks running at once per key
-  std::size_t buffer;   ///< `by_key_options::buffer`
+  KeyFn key;
+  std::size_t per_key;
+  std::size_t buffer;
 };
 
 /// A key for each input of a fan-out, and at most `per_key` tasks per key at

@@ -39,7 +39,7 @@ class producer_queue {
   // are posted, never run inside the call that caused them; `ex` is where a
   // handler without an executor of its own runs.
   // A template: compiled only in the TUs that call it (detail/lazy.hpp).
-  template <class Lazy>
+  template <class Lazy = void>
   asio::awaitable<bool> wait(asio::any_io_executor ex, asio::awaitable<void> child) {
     return asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code, bool)>(
         [this, ex](auto handler, asio::awaitable<void> c) {
