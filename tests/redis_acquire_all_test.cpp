@@ -352,6 +352,56 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "after a run_id change, waiters of the old node block redis::acquire_all no longer "
+    "than the restart grace",
+    "[redis_acquire_all]") {
+  const int port = shared_redis_server().port();
+  asio::io_context ctx;
+  run_for(
+      ctx,
+      [&]() -> asio::awaitable<void> {
+        auto ex = co_await asio::this_coro::executor;
+        auto conn = co_await connect_to(port);
+        auto plain = co_await connect_to(port);
+        sluice::redis::rate_limiter rpm{conn, "{ghost}:rpm", 2, 1min};
+        sluice::redis::semaphore conc{conn, "{ghost}:conc", 1, 2s};
+        const std::string sem = conc.key_prefix(), rate = rpm.key() + ":";
+        {
+          auto warm = co_await sluice::redis::acquire_all(conc);  // records the run_id
+        }
+        // A failover as the promoted node sees it: another run_id recorded,
+        // and a waiter of the old node at the head of both queues (asking for
+        // the whole window), alive for 10 minutes.
+        const long long now_ms = co_await sluice_test::server_time_us(*plain) / 1000;
+        const std::string alive_until = std::to_string(now_ms + 600000);
+        co_await plain->execute("HSET", sem + "meta", "run_id", "old-node");
+        co_await plain->execute("ZADD", sem + "queue", "0", "ghost");
+        co_await plain->execute("ZADD", sem + "alive", alive_until, "ghost");
+        co_await plain->execute("ZADD", rate + "queue", "0", "ghost");
+        co_await plain->execute("ZADD", rate + "alive", alive_until, "ghost");
+        co_await plain->execute("HSET", rate + "weights", "ghost", "2");
+        bool got = false;
+        asio::co_spawn(
+            ex,
+            [&]() -> asio::awaitable<void> {
+              auto held = co_await sluice::redis::acquire_all(rpm, conc);
+              got = true;
+            },
+            asio::detached);
+        co_await until(got, 15000);  // the grace is ~1 s; the ghost would stay 10 min
+        CHECK(got);
+        const long long sem_ghosts = co_await zcard(*plain, sem + "queue");
+        const long long rate_ghosts = co_await zcard(*plain, rate + "queue");
+        CHECK(sem_ghosts == 0);
+        CHECK(rate_ghosts == 0);
+        co_await conc.close();
+        co_await plain->close();
+        co_await conn->close();
+      }(),
+      40s);
+}
+
+TEST_CASE(
     "4 threads, each with its own io_context and connection, never exceed RPM, TPM or "
     "concurrency",
     "[redis_acquire_all]") {

@@ -146,9 +146,12 @@ class all_held {
 /// The semaphore part is a `semaphore::permit` in every respect: lease,
 /// renewals, certainty through Sentinel, fencing token (raised to the
 /// highest token this process has seen), restart grace (no grant until the
-/// grace after a `run_id` change has passed; stale waiters never block the
-/// queue). The rate starts are recorded at the instant of the grant (server
-/// time) and spent.
+/// grace after a `run_id` change has passed; waiters of the old node that do
+/// not ask again leave the semaphore's and the call's rate queues at its
+/// end; a call of rate limiters alone has no `run_id`, its stale waiters
+/// leave after `waiter_ttl`). The rate starts are recorded at the instant of
+/// the grant (server time) and spent; `n` units are `n` members of the
+/// window, as for `rate_limiter::acquire(n)`.
 ///
 /// What resumes where: on the awaiting coroutine's executor. Per-Operation
 /// Cancellation (terminal, partial, total): the call ends at once with

@@ -21,6 +21,12 @@
 // is served only when, on every budget, its older waiters still fit beside
 // it: fewer older waiters than free permits (as the semaphore's own rule),
 // and the window's starts + the units of older waiters + its own <= calls.
+//
+// Restarts: a semaphore's settle() that sees a new run_id caps the liveness
+// of its own waiters and of the call's rate queues at the end of the grace,
+// so that waiters of the old node that do not ask again never block the new
+// one (a call of rate limiters only has no run_id: its stale waiters leave
+// after their ttl).
 
 #include <sluice/config.hpp>
 #include <sluice/redis/detail/semaphore_scripts.hpp>
@@ -58,10 +64,12 @@ end
 inline const std::string redis_all_acquire_lua = redis_sem_head + redis_all_parse + R"lua(
 local ttl = tonumber(ARGV[2])
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local settled = true
+local settled, restarted = true, nil
 for _, b in ipairs(B) do
   if b.kind == 's' then
-    if now < settle(b.K, b.grace) then settled = false end
+    local gu, changed = settle(b.K, b.grace)
+    if now < gu then settled = false end
+    if changed and gu > now then restarted = gu end
     seed(b.K, b.seen)
     expire(b.K)
   else
@@ -72,6 +80,16 @@ for _, b in ipairs(B) do
       redis.call('HDEL', b.weights, dead[i])
     end
     redis.call('ZREMRANGEBYSCORE', b.alive, '-inf', now)
+  end
+end
+if restarted then  -- the rate queues' waiters of the old node: gone after the grace too
+  for _, b in ipairs(B) do
+    if b.win then
+      local es = redis.call('ZRANGE', b.alive, 0, -1, 'WITHSCORES')
+      for i = 1, #es, 2 do
+        if tonumber(es[i + 1]) > restarted then redis.call('ZADD', b.alive, restarted, es[i]) end
+      end
+    end
   end
 end
 local queued = true

@@ -21,7 +21,8 @@ namespace sluice::detail {
 // script's own, KEYS[1..6]) `settle(K, grace)`, `seed(K, seen)`, `fence(K)`
 // and `expire(K)`; redis::acquire_all's script calls them on each semaphore.
 //
-// settle: a run_id other than the recorded one means a restart (perhaps from
+// settle: returns grace_until, and true when it saw a change now.
+// A run_id other than the recorded one means a restart (perhaps from
 // an old snapshot) or a failover. New grants then wait until `grace_until`,
 // one renewal interval plus a margin after the change was seen (after the
 // server's start when nothing was recorded: a fresh or emptied server), so
@@ -44,7 +45,7 @@ local function settle(K, grace)
   local info = redis.call('INFO', 'server')
   local run = string.match(info, 'run_id:(%w+)')
   local rec = redis.call('HGET', K[5], 'run_id')
-  if rec == run then return tonumber(redis.call('HGET', K[5], 'grace_until')) end
+  if rec == run then return tonumber(redis.call('HGET', K[5], 'grace_until')), false end
   local from = now
   if not rec then
     -- whole seconds of two truncated clocks: the start may be up to 1 s later
@@ -61,7 +62,7 @@ local function settle(K, grace)
       end
     end
   end
-  return gu
+  return gu, true
 end
 local function seed(K, seen)
   if seen > (tonumber(redis.call('GET', K[6])) or 0) then
