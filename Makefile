@@ -35,7 +35,7 @@
 #                noisy_tenant and crawler --hosts, virtual time, exact)
 #   make docs    README.md, docs/*.md and the API reference (Doxygen) as one site under
 #                build/docs/html; fails on any warning or on a broken link (tests/docs/check_docs.py)
-#   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
+#   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server, then an LLM account (redis::acquire_all)
 #                (FLEET_ARGS=--cluster: on a private 3-node Redis Cluster, resharded mid-run;
 #                FLEET_ARGS=--sentinel: through Redis Sentinel, the primary SIGKILLed mid-run)
 #   make fuzz    each libFuzzer target in tests/fuzz for FUZZ_SECONDS (default 60; clang)
