@@ -69,6 +69,24 @@ TEST_CASE("a cancelled call is a 503, a bug a 500, any other failure a 502", "[h
   CHECK(refusal(std::runtime_error("x")).retry_after == 0s);
 }
 
+TEST_CASE("a server answers every refusal in one place", "[http_status]") {
+  unsigned status = 0;
+  std::string retry_after;
+  auto reply = [&](unsigned s, std::string after) {
+    status = s;
+    retry_after = std::move(after);
+  };
+  // docs/provider-limits.md, "Call policies"
+  try {
+    throw sluice::overloaded_error(2s);
+  } catch (...) {
+    const sluice::http_refusal r = sluice::http_refusal_for(std::current_exception());
+    reply(r.status, r.retry_after_text());  // 429 or 503 with Retry-After, 504, 502
+  }
+  CHECK(status == 429);
+  CHECK(retry_after == "2");
+}
+
 TEST_CASE("no exception is a clear error", "[http_status]") {
   CHECK_THROWS_AS(sluice::http_refusal_for(nullptr), std::invalid_argument);
 }
