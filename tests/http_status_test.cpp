@@ -33,7 +33,7 @@ TEST_CASE("a shed is a 429 whose Retry-After is the suggested wait rounded up", 
   CHECK(r.retry_after_text() == "2");
   CHECK(refusal(sluice::overloaded_error(3s)).retry_after == 3s);
   CHECK(refusal(sluice::overloaded_error(0s)).retry_after == 1s);  // at least 1
-  CHECK(refusal(sluice::overloaded_error(std::chrono::hours::max())).status == 429);
+  CHECK(refusal(sluice::overloaded_error(sluice::clock::duration::max())).status == 429);
 }
 
 TEST_CASE("an open breaker is a 503 until its next trial", "[http_status]") {
