@@ -19,11 +19,12 @@ three phases, asserting counts and orders only (never a duration or a rate):
            stay within window + cap + queue + one trial per reopening), then
            fails fast: over a stretch in which /metrics shows it open
            throughout, the provider sees no call while the gateway refuses
-           calls (`not_permitted` grows, the clients get 503s). The provider
-           comes back (`FAIL 0`): the breaker closes through half-open (its
-           transitions, printed by the gateway, come in the order closed ->
-           open [-> half_open -> open]... -> half_open -> closed; /metrics
-           says closed) and the clients get 200s again.
+           calls (`not_permitted` grows, the clients get 503s, each with a
+           Retry-After). The provider comes back (`FAIL 0`): the breaker
+           closes through half-open (its transitions, printed by the gateway,
+           come in the order closed -> open [-> half_open -> open]... ->
+           half_open -> closed; /metrics says closed) and the clients get
+           200s again.
   short    a second provider, 4 times slower (--short-slower: 20-120 ms), and
            a gateway whose deadline (--short-timeout-ms, 30) is shorter than
            most of its calls, with --short-linger-ms (300): most calls are
@@ -150,6 +151,7 @@ class clients:
 
     def __init__(self, port, threads=8):
         self.port, self.statuses, self.lock = port, [], threading.Lock()
+        self.no_retry_after = 0  # 429s and 503s without a Retry-After header
         self.done = threading.Event()
         self.threads = [threading.Thread(target=self.loop, args=(i,)) for i in range(threads)]
         for t in self.threads:
@@ -167,6 +169,7 @@ class clients:
                 r.read()
                 with self.lock:
                     self.statuses.append(r.status)
+                    self.no_retry_after += r.status in (429, 503) and not r.getheader("Retry-After")
             except (OSError, http.client.HTTPException):
                 conn = None
                 time.sleep(0.01)
@@ -241,6 +244,8 @@ def outage(provider_port, port, args, failures, log_path):
         failures.append("no stretch with the breaker open throughout was seen")
     elif fast[0] != 0 or fast[1] <= 0:
         failures.append(f"while open the provider saw {fast[0]} calls, {fast[1]} were refused")
+    if c.no_retry_after:
+        failures.append(f"{c.no_retry_after} answers 429 or 503 came without Retry-After")
     if during[503] == 0 or during[502] == 0:
         failures.append(f"the clients saw no 502 (failure) or no 503 (open): {dict(during)}")
     chained = all(a[1] == b[0] for a, b in zip(changes, changes[1:]))
