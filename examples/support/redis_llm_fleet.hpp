@@ -27,10 +27,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
-#include <cstdlib>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
+
+#include <sys/types.h>
 
 namespace sluice_examples {
 
