@@ -26,7 +26,6 @@
 #include <vector>
 
 using namespace std::chrono_literals;
-using sluice::redis::reply;
 using sluice_test::connect_to;
 using sluice_test::run_for;
 using sluice_test::sleep_ms;
