@@ -8,6 +8,8 @@
 
 #include <support/asio.hpp>
 
+#include <examples/support/crawl_scenario.hpp>
+
 #include <catch2/catch.hpp>
 #include <support/recorded_input.hpp>
 
@@ -235,15 +237,72 @@ TEST_CASE("a cancelled consumer cancels the keyed tasks and loses nothing", "[by
   CHECK(t.cancelled == 1);  // the second a
 }
 
+TEST_CASE("most_waiting gives a free slot to the key with the most inputs waiting", "[by_key]") {
+  // a c d e b b b, limit 2, one per key. Oldest first, the b's start last and
+  // run one after another: 500 ms. most_waiting pulls ahead and starts the
+  // b's first, beside the others: 400 ms, the ideal (7 x 100 ms over 2
+  // slots, rounded up to whole tasks).
+  for (auto order : {sluice::key_order::oldest, sluice::key_order::most_waiting}) {
+    virtual_loop loop;
+    trace t;
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(
+          sluice::map_unordered([&](job j) { return work(loop, t, j); }, jobs("acdebbb", 100ms), 2,
+                                sluice::by_key(key_of, 1, {.buffer = 8, .order = order})),
+          [](int) {});
+    });
+    if (order == sluice::key_order::oldest) {
+      CHECK(loop.now() == 500ms);
+      CHECK(started(t, 4) == 200ms);
+    } else {
+      CHECK(loop.now() == 400ms);
+      CHECK(started(t, 4) == 0ms);    // the first b: its key has 3 waiting
+      CHECK(started(t, 0) == 0ms);    // a: the oldest among the keys with 1
+      CHECK(started(t, 5) == 100ms);  // the b's one after another (per-key FIFO)
+      CHECK(started(t, 2) == 200ms);  // at 200 ms b has one waiting as d and e: oldest first
+      CHECK(started(t, 3) == 200ms);
+      CHECK(started(t, 6) == 300ms);
+    }
+    CHECK(t.order['b'] == std::vector<int>{4, 5, 6});
+    CHECK(t.max_running['b'] == 1);
+  }
+}
+
+TEST_CASE("the per-host crawl by key reaches 90% of the ideal schedule", "[by_key]") {
+  // examples/crawler.cpp's part two (examples/support/crawl_scenario.hpp):
+  // 850 pages on 52 hosts, 8 at once, 2 per host, links found as pages are
+  // fetched. The ideal (a schedule that knows the site) takes 21.19 s.
+  namespace crawl = sluice_examples::crawl;
+  const double ideal = crawl::ideal_makespan_s();
+  CHECK(ideal == Approx(21.19).epsilon(0.001));
+  const auto busiest = crawl::run(crawl::mode::most_waiting);
+  const auto oldest = crawl::run(crawl::mode::oldest);
+  const auto plain = crawl::run(crawl::mode::keyed_semaphore);
+  for (const auto* r : {&busiest, &oldest, &plain}) {
+    CHECK(r->pages == crawl::total_pages());
+    CHECK(r->max_in_flight == crawl::limit);
+    CHECK(r->max_per_host == crawl::per_host);
+  }
+  CHECK(busiest.max_waiting <= crawl::buffer);
+  CHECK(oldest.max_waiting <= crawl::buffer);
+  CHECK(busiest.makespan == nanoseconds(21'371'000'000));  // 99% of the ideal
+  CHECK(oldest.makespan == nanoseconds(24'688'000'000));   // 86%: the largest host makes the tail
+  CHECK(plain.makespan == nanoseconds(35'549'000'000));    // 60%: head-of-line blocking
+  CHECK(busiest.makespan_s() <= ideal / 0.90);
+}
+
 // ---- property: seeded runs against a reference schedule ------------------
 
 namespace {
 
 // The schedule by_key promises, computed directly: at every instant, a free
 // slot takes the oldest pulled input whose key has room; the input is pulled
-// in order while fewer than `buffer` inputs wait for their key.
+// in order while fewer than `buffer` inputs wait for their key. most_waiting:
+// the input is pulled as far as the buffer first, then a free slot takes the
+// oldest input of the key with the most inputs waiting (and room), the key
+// of the oldest input first among equals.
 nanoseconds reference_makespan(const std::vector<job>& in, std::size_t limit, std::size_t per_key,
-                               std::size_t buffer) {
+                               std::size_t buffer, bool most_waiting = false) {
   struct run {
     nanoseconds end;
     char key;
@@ -256,8 +315,15 @@ nanoseconds reference_makespan(const std::vector<job>& in, std::size_t limit, st
   for (;;) {
     for (;;) {  // fill the slots at `now`
       if (running.size() >= limit) break;
+      while (most_waiting && pulled < in.size() && waiting.size() < buffer)
+        waiting.push_back(pulled++);
+      std::map<char, std::size_t> queued;
+      for (std::size_t i : waiting) ++queued[in[i].key];
       auto it = std::find_if(waiting.begin(), waiting.end(),
                              [&](std::size_t i) { return busy[in[i].key] < per_key; });
+      if (most_waiting)
+        for (auto j = it; j != waiting.end(); ++j)
+          if (busy[in[*j].key] < per_key && queued[in[*j].key] > queued[in[*it].key]) it = j;
       if (it != waiting.end()) {
         ++busy[in[*it].key];
         running.push_back({now + in[*it].took, in[*it].key});
@@ -304,21 +370,26 @@ TEST_CASE("seeded runs keep the caps, per-key FIFO and the reference schedule's 
                     std::chrono::microseconds(1000 * (1 + rng() % 50) + 2 * i + 1),
                     static_cast<int>(i)});
     }
-    virtual_loop loop;
-    trace t;
-    std::size_t got = 0;
-    loop.run([&]() -> asio::awaitable<void> {
-      co_await sluice::for_each(
-          sluice::map_unordered([&](job j) { return work(loop, t, j); }, in, limit,
-                                sluice::by_key(key_of, per_key, {.buffer = buffer})),
-          [&](int) { ++got; });
-    });
-    INFO("seed " << seed << " limit " << limit << " per_key " << per_key << " buffer " << buffer);
-    CHECK(got == n);
-    CHECK(t.max <= limit);
-    for (auto& [k, m] : t.max_running) CHECK(m <= per_key);
-    for (auto& [k, ids] : t.order) CHECK(std::is_sorted(ids.begin(), ids.end()));
-    CHECK(loop.now() == reference_makespan(in, limit, per_key, buffer));
+    for (auto order : {sluice::key_order::oldest, sluice::key_order::most_waiting}) {
+      virtual_loop loop;
+      trace t;
+      std::size_t got = 0;
+      loop.run([&]() -> asio::awaitable<void> {
+        co_await sluice::for_each(
+            sluice::map_unordered(
+                [&](job j) { return work(loop, t, j); }, in, limit,
+                sluice::by_key(key_of, per_key, {.buffer = buffer, .order = order})),
+            [&](int) { ++got; });
+      });
+      const bool most_waiting = order == sluice::key_order::most_waiting;
+      INFO("seed " << seed << " limit " << limit << " per_key " << per_key << " buffer " << buffer
+                   << " most_waiting " << most_waiting);
+      CHECK(got == n);
+      CHECK(t.max <= limit);
+      for (auto& [k, m] : t.max_running) CHECK(m <= per_key);
+      for (auto& [k, ids] : t.order) CHECK(std::is_sorted(ids.begin(), ids.end()));
+      CHECK(loop.now() == reference_makespan(in, limit, per_key, buffer, most_waiting));
+    }
   }
 }
 

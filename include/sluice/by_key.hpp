@@ -17,30 +17,51 @@
 
 namespace sluice {
 
+/// Which input a free slot goes to, among those whose key has room
+/// (`by_key_options::order`). Within a key the order is always input order.
+enum class key_order {
+  /// The oldest input (input order across keys). The input is pulled only
+  /// when no buffered input may start. The default.
+  oldest,
+  /// An input of the key with the most inputs buffered, the oldest key
+  /// first among equals: the key with the most work left is kept busy, so it
+  /// does not end the run alone (a crawl's largest host). The input is pulled
+  /// ahead as far as `buffer` (or as far as an async source has items at
+  /// once) before each choice, so the buffer shows which keys are long. A key
+  /// with few inputs may wait while longer keys have room: throughput over
+  /// latency.
+  most_waiting,
+};
+
 /// Options of `sluice::by_key`.
 struct by_key_options {
   /// The most inputs pulled and waiting for their key's room at once; past
   /// it the input is not pulled (backpressure). At least 1.
   std::size_t buffer = 1024;
+  /// Which input whose key has room gets a free slot.
+  key_order order = key_order::oldest;
 };
 
 /// What `sluice::by_key` returns: a key function, a per-key limit and the
-/// buffer bound, passed to `map_unordered` after its limit.
+/// options, passed to `map_unordered` after its limit.
 template <class KeyFn>
 struct by_key_t {
-  KeyFn key;
-  std::size_t per_key;
-  std::size_t buffer;
+  KeyFn key;            ///< `key(const input&)`: the input's key
+  std::size_t per_key;  ///< the most tasks of one key at once
+  std::size_t buffer;   ///< the most inputs waiting for their key's room
+  key_order order;      ///< which ready input gets a free slot
 };
 
 /// A key for each input of a fan-out, and at most `per_key` tasks per key at
 /// once (hosts of a crawl, tenants, accounts): for `map_unordered(fn, inputs,
 /// limit, sluice::by_key(key, per_key, {.buffer = n}))`.
 ///
-/// - A slot goes to the oldest input whose key has room, never to a task that
-///   would then wait for its key: inputs of a full key wait outside the slots,
-///   in a FIFO queue per key (order within a key is input order), until a task
-///   of their key ends. The limit is never idle while an input could start.
+/// - A slot goes to the oldest input whose key has room (or, with
+///   `.order = key_order::most_waiting`, to the oldest input of the key with
+///   the most inputs buffered), never to a task that would then wait for its
+///   key: inputs of a full key wait outside the slots, in a FIFO queue per key
+///   (order within a key is input order), until a task of their key ends. The
+///   limit is never idle while an input could start.
 /// - The input is pulled ahead of the slots only as far as `buffer` inputs
 ///   (those waiting for their key); then it is not pulled until one of them
 ///   starts: memory stays bounded however the keys are skewed. With an async
@@ -65,7 +86,7 @@ template <class KeyFn>
 [[nodiscard]] by_key_t<KeyFn> by_key(KeyFn key, std::size_t per_key, by_key_options o = {}) {
   if (per_key == 0) throw std::invalid_argument("sluice::by_key: per_key must be at least 1");
   if (o.buffer == 0) throw std::invalid_argument("sluice::by_key: buffer must be at least 1");
-  return by_key_t<KeyFn>{std::move(key), per_key, o.buffer};
+  return by_key_t<KeyFn>{std::move(key), per_key, o.buffer, o.order};
 }
 
 /// A key function for the inputs of `In`: `key(const input&)` returns a key
@@ -86,9 +107,10 @@ auto make_keyed_stream(F fn, In&& inputs, std::size_t limit, by_key_t<KeyFn> key
   using source = keyed_source<In, KeyFn, executor>;
   if (limit == 0)
     throw std::invalid_argument("sluice::map_unordered: limit must be at least 1 (got 0)");
-  return make_map_stream<Settle>(
-      keyed_call<F>{std::move(fn)},
-      source(std::forward<In>(inputs), std::move(keys.key), keys.per_key, keys.buffer), limit);
+  return make_map_stream<Settle>(keyed_call<F>{std::move(fn)},
+                                 source(std::forward<In>(inputs), std::move(keys.key), keys.per_key,
+                                        keys.buffer, keys.order == key_order::most_waiting),
+                                 limit);
 }
 
 }  // namespace detail

@@ -11,10 +11,13 @@
 // - keys_: per key, running (tickets alive) and queue (inputs pulled, not
 //   handed out, in input order: per-key FIFO). An entry exists only while
 //   running > 0 or its queue is non-empty.
-// - ready_: the keys with room (running < per_key) and a queued input, by the
-//   sequence number of their oldest one: begin() is the oldest input that
-//   may start. Invariant: a key is in ready_ iff running < per_key and its
-//   queue is non-empty.
+// - ready_: the keys with room (running < per_key) and a queued input, by
+//   rank, then the sequence number of their oldest one: begin() is the input
+//   that may start next. The rank is 0 for every key when oldest_first, else
+//   the key's queue length, longest first (most_waiting). Invariant: a key is
+//   in ready_ iff running < per_key and its queue is non-empty, under the
+//   rank and sequence its entry has now (unready() before a change,
+//   make_ready() after it).
 // - buffered_ = the inputs in all queues <= buffer_ (the pull stops there:
 //   backpressure on the input).
 // - At most one pull of the input at a time; for an async input it runs as a
@@ -37,10 +40,11 @@
 #include <deque>
 #include <exception>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <system_error>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -80,22 +84,23 @@ class key_state : public std::enable_shared_from_this<key_state<U, Key, Hash>> {
     node* n_;
   };
 
-  key_state(std::size_t per_key, std::size_t buffer) : per_key_(per_key), buffer_(buffer) {}
+  key_state(std::size_t per_key, std::size_t buffer, bool most_waiting = false)
+      : per_key_(per_key), buffer_(buffer), most_waiting_(most_waiting) {}
 
   // Queues `value` under `key` (the pull's result).
   void push(Key key, U value) {
     auto [it, made] = keys_.try_emplace(std::move(key));
-    entry& e = it->second;
-    e.queue.emplace_back(seq_, std::move(value));
+    node* n = &*it;
+    unready(n);
+    n->second.queue.emplace_back(seq_++, std::move(value));
     ++buffered_;
-    if (e.queue.size() == 1 && e.running < per_key_) ready_.emplace(seq_, &*it);
-    ++seq_;
+    make_ready(n);
   }
 
-  // The oldest input whose key has room, with its ticket; empty if none.
+  // The input that may start next (see ready_), with its ticket; empty if none.
   std::optional<std::pair<ticket, U>> take() {
     if (ready_.empty()) return std::nullopt;
-    node* n = ready_.begin()->second;
+    node* n = std::get<2>(*ready_.begin());
     ready_.erase(ready_.begin());
     entry& e = n->second;
     std::pair<ticket, U> out(ticket(this->shared_from_this(), n),
@@ -103,9 +108,20 @@ class key_state : public std::enable_shared_from_this<key_state<U, Key, Hash>> {
     e.queue.pop_front();
     --buffered_;
     ++e.running;
-    if (e.running < per_key_ && !e.queue.empty()) ready_.emplace(e.queue.front().first, n);
+    make_ready(n);
     return out;
   }
+
+  // The sequence number the next pushed input gets (its age among the inputs).
+  [[nodiscard]] std::uint64_t next_seq() const noexcept { return seq_; }
+  // The sequence number of the input take() would return; empty if none.
+  [[nodiscard]] std::optional<std::uint64_t> ready_seq() const noexcept {
+    if (ready_.empty()) return std::nullopt;
+    return std::get<1>(*ready_.begin());
+  }
+  // Takes a sequence number for an input kept elsewhere (ages stay comparable).
+  std::uint64_t take_seq() noexcept { return seq_++; }
+  [[nodiscard]] bool most_waiting() const noexcept { return most_waiting_; }
 
   [[nodiscard]] bool has_room() const noexcept { return buffered_ < buffer_; }
   [[nodiscard]] std::size_t buffered() const noexcept { return buffered_; }
@@ -142,11 +158,28 @@ class key_state : public std::enable_shared_from_this<key_state<U, Key, Hash>> {
   std::exception_ptr error;  // the input's (or the key function's) failure
 
  private:
+  using rank_key = std::tuple<std::size_t, std::uint64_t, node*>;
+
+  [[nodiscard]] rank_key rank(node* n) const noexcept {
+    const entry& e = n->second;
+    const std::size_t r = most_waiting_ ? static_cast<std::size_t>(-1) - e.queue.size() : 0;
+    return {r, e.queue.front().first, n};
+  }
+  void unready(node* n) {
+    const entry& e = n->second;
+    if (e.running < per_key_ && !e.queue.empty()) ready_.erase(rank(n));
+  }
+  // (noexcept enough in release(): a node of a small set)
+  void make_ready(node* n) {
+    const entry& e = n->second;
+    if (e.running < per_key_ && !e.queue.empty()) ready_.insert(rank(n));
+  }
+
   void release(node* n) noexcept {
     entry& e = n->second;
     --e.running;
     if (e.running + 1 == per_key_ && !e.queue.empty()) {
-      ready_.emplace(e.queue.front().first, n);  // (noexcept enough: a node of a small map)
+      make_ready(n);
       wake();
     } else if (e.running == 0 && e.queue.empty()) {
       keys_.erase(n->first);
@@ -155,10 +188,11 @@ class key_state : public std::enable_shared_from_this<key_state<U, Key, Hash>> {
 
   std::size_t per_key_;
   std::size_t buffer_;
+  bool most_waiting_;
   std::size_t buffered_ = 0;
   std::uint64_t seq_ = 0;
   map_type keys_;
-  std::map<std::uint64_t, node*> ready_;
+  std::set<rank_key> ready_;
   erased_handler<error_code> parked_;
 };
 
@@ -189,25 +223,30 @@ class keyed_source {
  public:
   using item = keyed_input<value_type, typename state::ticket>;
 
-  keyed_source(In&& in, KeyFn key, std::size_t per_key, std::size_t buffer)
-      : state_(std::make_shared<state>(per_key, buffer)),
+  keyed_source(In&& in, KeyFn key, std::size_t per_key, std::size_t buffer, bool most_waiting)
+      : state_(std::make_shared<state>(per_key, buffer, most_waiting)),
         shared_(std::make_shared<shared>(std::forward<In>(in), std::move(key))) {}
 
-  // The next input to start: the oldest whose key has room. Waits (holding
-  // nothing) while every buffered input's key is full and the buffer is full
-  // or the input has nothing more now. Empty at the end of the input once
-  // everything buffered was handed out.
+  // The next input to start: the oldest whose key has room (most_waiting:
+  // of the key with the most buffered inputs, after pulling as far as the
+  // buffer or what the input has now). Waits (holding nothing) while every
+  // buffered input's key is full and the buffer is full or the input has
+  // nothing more now. Empty at the end of the input once everything buffered
+  // was handed out.
   asio::awaitable<std::optional<item>, Executor> next() {
     const Executor ex = co_await asio::this_coro::executor;
     for (;;) {
       if (auto e = std::exchange(state_->error, nullptr)) std::rethrow_exception(e);
-      if (auto t = state_->take()) co_return item{std::move(t->first), std::move(t->second)};
+      const bool can_pull = !state_->input_done && !state_->pulling && state_->has_room();
+      if (!(can_pull && state_->most_waiting()))
+        if (auto t = state_->take()) co_return item{std::move(t->first), std::move(t->second)};
       if (state_->input_done && !state_->pulling && state_->buffered() == 0) co_return std::nullopt;
-      if (!state_->input_done && !state_->pulling && state_->has_room()) {
+      if (can_pull) {
         if constexpr (is_async) {
           state_->pulling = true;
           shared_->pulls->spawn(ex, pull(state_, shared_));
           if (!state_->pulling) continue;  // it finished inside spawn (co_spawn dispatches)
+          if (auto t = state_->take()) co_return item{std::move(t->first), std::move(t->second)};
         } else {
           if (shared_->input.done()) {
             state_->input_done = true;
