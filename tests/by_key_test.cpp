@@ -2,6 +2,7 @@
 #include <sluice/by_key.hpp>
 #include <sluice/for_each.hpp>
 #include <sluice/keyed_semaphore.hpp>
+#include <sluice/keyed_task_group.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
@@ -19,6 +20,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <ranges>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -291,6 +293,231 @@ TEST_CASE("the per-host crawl by key reaches 90% of the ideal schedule", "[by_ke
   CHECK(busiest.makespan_s() <= ideal / 0.90);
 }
 
+// ---- gather_with_concurrency by key ---------------------------------------
+
+TEST_CASE("gather_with_concurrency by key gives a slot to the oldest task whose key has room",
+          "[by_key]") {
+  // The first case's input as tasks, made lazily from the jobs; the key is a
+  // function of the task's index. Results in input order.
+  virtual_loop loop;
+  trace t;
+  const std::vector<job> in = jobs("aaaabc", 100ms);
+  std::vector<int> got;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto tasks = in | std::views::transform([&](const job& j) { return work(loop, t, j); });
+    got = co_await sluice::gather_with_concurrency(
+        2, tasks, sluice::by_key([&](std::size_t i) { return in[i].key; }, 1));
+  });
+  CHECK(got == std::vector<int>{0, 1, 2, 3, 4, 5});
+  CHECK(loop.now() == 400ms);
+  CHECK(started(t, 4) == 0ms);
+  CHECK(started(t, 5) == 100ms);
+  CHECK(t.order['a'] == std::vector<int>{0, 1, 2, 3});
+  CHECK(t.max == 2);
+}
+
+TEST_CASE("gather_with_concurrency by key fails fast, settles with return_exceptions", "[by_key]") {
+  std::vector<job> in = jobs("aabbcc", 100ms);
+  in[2].took = 13ms;  // b fails at 13 ms
+  auto key = [&](std::size_t i) {
+    return in[i].key;
+  };
+  SECTION("fail fast: the running tasks are cancelled and awaited, the error rethrown") {
+    virtual_loop loop;
+    trace t;
+    std::string what;
+    loop.run([&]() -> asio::awaitable<void> {
+      std::vector<asio::awaitable<int>> tasks;
+      for (auto& j : in) tasks.push_back(work(loop, t, j));
+      try {
+        co_await sluice::gather_with_concurrency(3, std::move(tasks), sluice::by_key(key, 1));
+      } catch (const std::runtime_error& e) {
+        what = e.what();
+      }
+    });
+    CHECK(what == "job 2 failed");
+    CHECK(loop.now() == 13ms);
+    CHECK(t.now == 0);
+    CHECK(t.cancelled == 2);
+  }
+  SECTION("return_exceptions: every task runs, outcomes in input order") {
+    virtual_loop loop;
+    trace t;
+    std::vector<sluice::outcome<int>> got;
+    loop.run([&]() -> asio::awaitable<void> {
+      std::vector<asio::awaitable<int>> tasks;
+      for (auto& j : in) tasks.push_back(work(loop, t, j));
+      got = co_await sluice::gather_with_concurrency(3, std::move(tasks), sluice::by_key(key, 1),
+                                                     sluice::return_exceptions);
+    });
+    REQUIRE(got.size() == 6);
+    for (int i = 0; i < 6; ++i) CHECK(got[static_cast<std::size_t>(i)].has_value() == (i != 2));
+    CHECK(got[5].value() == 5);
+    CHECK(t.finished == 6);
+    CHECK(loop.now() == 200ms);  // the second b starts at 13 ms, beside the first a and c
+  }
+}
+
+TEST_CASE("gather_with_concurrency by key of void tasks, cancelled by its caller, loses nothing",
+          "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  const std::vector<job> in = jobs("aaab", 100ms);
+  bool timed_out = false;
+  int done = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto tasks = in | std::views::transform([&](const job& j) -> asio::awaitable<void> {
+                   co_await work(loop, t, j);
+                   ++done;
+                 });
+    try {
+      co_await sluice::with_timeout(
+          150ms, sluice::gather_with_concurrency(
+                     2, tasks, sluice::by_key([&](std::size_t i) { return in[i].key; }, 1)));
+    } catch (const sluice::timeout_error&) {
+      timed_out = true;
+    }
+  });
+  CHECK(timed_out);
+  CHECK(loop.now() == 150ms);
+  CHECK(done == 2);  // the first a and b
+  CHECK(t.now == 0);
+  CHECK(t.cancelled == 1);  // the second a
+  CHECK_THROWS_AS(sluice::gather_with_concurrency(0, std::vector<asio::awaitable<void>>{},
+                                                  sluice::by_key([](std::size_t) { return 0; }, 1)),
+                  std::invalid_argument);
+}
+
+// ---- keyed_task_group ------------------------------------------------------
+
+namespace {
+
+using char_group = sluice::keyed_task_group<char>;
+
+}  // namespace
+
+TEST_CASE("a keyed task group gives a slot to the oldest child whose key has room", "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await char_group::run(2, 1, [&](char_group& g) -> asio::awaitable<void> {
+      for (auto& j : jobs("aaaabc", 100ms))
+        g.spawn(j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
+          co_await work(l, tr, jb);
+        }(loop, t, j));
+      CHECK(g.running() == 2);  // the first a and b
+      CHECK(g.waiting() == 4);  // three a's and c wait outside the slots
+      CHECK(g.keys() == 3);
+      co_return;
+    });
+  });
+  CHECK(loop.now() == 400ms);
+  CHECK(started(t, 4) == 0ms);    // b: beside the first a
+  CHECK(started(t, 5) == 100ms);  // c: the next free slot, not after the a's
+  CHECK(t.order['a'] == std::vector<int>{0, 1, 2, 3});
+  CHECK(t.max == 2);
+  CHECK(t.max_running['a'] == 1);
+}
+
+TEST_CASE(
+    "a keyed task group's spawn_when_ready waits while the buffer of waiting children is full",
+    "[by_key]") {
+  // Eight a's, one per key, limit 4, buffer 2: the producer is let in as the
+  // a's start one after another; never more than 2 wait.
+  virtual_loop loop;
+  trace t;
+  std::size_t most_waiting = 0;
+  std::vector<nanoseconds> accepted;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await char_group::run(
+        4, 1,
+        [&](char_group& g) -> asio::awaitable<void> {
+          for (auto& j : jobs("aaaaaaab", 100ms)) {
+            const bool ok = co_await g.spawn_when_ready(
+                j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
+                  co_await work(l, tr, jb);
+                }(loop, t, j));
+            CHECK(ok);
+            accepted.push_back(loop.now());
+            most_waiting = std::max(most_waiting, g.waiting());
+          }
+        },
+        {.buffer = 2});
+  });
+  CHECK(most_waiting == 2);
+  CHECK(accepted == std::vector<nanoseconds>{0ms, 0ms, 0ms, 100ms, 200ms, 300ms, 400ms, 500ms});
+  CHECK(started(t, 7) == 500ms);  // b: reached only as the a's start (backpressure)
+  CHECK(loop.now() == 700ms);
+  CHECK(t.finished == 8);
+}
+
+TEST_CASE("a keyed task group fails fast: running children cancelled, waiting ones dropped",
+          "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  std::vector<job> in = jobs("aabbcc", 100ms);
+  in[2].took = 13ms;  // b fails at 13 ms
+  std::string what;
+  int producers_refused = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await char_group::run(3, 1, [&](char_group& g) -> asio::awaitable<void> {
+        for (auto& j : in)
+          g.spawn(j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
+            co_await work(l, tr, jb);
+          }(loop, t, j));
+        co_await sluice::sleep(1s);  // cancelled by the failure
+        ++producers_refused;
+      });
+    } catch (const std::runtime_error& e) {
+      what = e.what();
+    }
+  });
+  CHECK(what == "job 2 failed");
+  CHECK(loop.now() == 13ms);
+  CHECK(t.now == 0);
+  CHECK(t.cancelled == 2);        // the first a and c
+  CHECK(t.starts.size() == 3);    // the waiting a, b, c never started
+  CHECK(producers_refused == 0);  // the body was cancelled too
+}
+
+TEST_CASE("a keyed task group cancelled by its caller loses nothing, producers included",
+          "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  bool timed_out = false;
+  std::size_t spawned = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await sluice::with_timeout(
+          150ms,
+          char_group::run(2, 1,
+                          [&](char_group& g) -> asio::awaitable<void> {
+                            for (auto& j : jobs("aaaaab", 100ms)) {
+                              co_await g.spawn_when_ready(
+                                  j.key,
+                                  [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
+                                    co_await work(l, tr, jb);
+                                  }(loop, t, j));
+                              ++spawned;
+                            }
+                          },
+                          {.buffer = 1}));
+    } catch (const sluice::timeout_error&) {
+      timed_out = true;
+    }
+  });
+  CHECK(timed_out);
+  CHECK(loop.now() == 150ms);
+  CHECK(t.now == 0);
+  CHECK(t.cancelled == 1);  // the second a
+  CHECK(spawned == 3);      // a, a (started at 100 ms), a (waiting); the fourth a's producer waited
+  CHECK_THROWS_AS(char_group::run(0, 1, [](char_group&) -> asio::awaitable<void> { co_return; }),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(char_group::run(1, 0, [](char_group&) -> asio::awaitable<void> { co_return; }),
+                  std::invalid_argument);
+}
+
 // ---- property: seeded runs against a reference schedule ------------------
 
 namespace {
@@ -390,6 +617,40 @@ TEST_CASE("seeded runs keep the caps, per-key FIFO and the reference schedule's 
       for (auto& [k, ids] : t.order) CHECK(std::is_sorted(ids.begin(), ids.end()));
       CHECK(loop.now() == reference_makespan(in, limit, per_key, buffer, most_waiting));
     }
+    {  // keyed_task_group, every child spawned at 0: the same schedule
+      virtual_loop loop;
+      trace t;
+      loop.run([&]() -> asio::awaitable<void> {
+        co_await char_group::run(limit, per_key, [&](char_group& g) -> asio::awaitable<void> {
+          for (auto& j : in)
+            g.spawn(j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
+              co_await work(l, tr, jb);
+            }(loop, t, j));
+          co_return;
+        });
+      });
+      INFO("seed " << seed << " keyed_task_group");
+      CHECK(t.finished == n);
+      CHECK(t.max <= limit);
+      for (auto& [k, m] : t.max_running) CHECK(m <= per_key);
+      for (auto& [k, ids] : t.order) CHECK(std::is_sorted(ids.begin(), ids.end()));
+      CHECK(loop.now() == reference_makespan(in, limit, per_key, n + 1));
+    }
+    // gather_with_concurrency by key: the same schedule, results in input order.
+    virtual_loop loop;
+    trace t;
+    std::vector<int> got;
+    loop.run([&]() -> asio::awaitable<void> {
+      auto tasks = in | std::views::transform([&](const job& j) { return work(loop, t, j); });
+      got = co_await sluice::gather_with_concurrency(
+          limit, tasks,
+          sluice::by_key([&](std::size_t i) { return in[i].key; }, per_key, {.buffer = buffer}));
+    });
+    INFO("seed " << seed << " gather");
+    CHECK(got.size() == n);
+    CHECK(std::is_sorted(got.begin(), got.end()));
+    CHECK(t.max <= limit);
+    CHECK(loop.now() == reference_makespan(in, limit, per_key, buffer));
   }
 }
 

@@ -3,6 +3,7 @@
 #define SLUICE_TASK_GROUP_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/aborted.hpp>
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/grace_period.hpp>
 #include <sluice/detail/nursery.hpp>
@@ -363,7 +364,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
 
   void fail(std::exception_ptr e) {
     // What a stop request cancelled ends with operation_aborted: not an error.
-    if (quiet_abort_ && detail::is_aborted(e)) return;
+    if (quiet_abort_ && detail::is_operation_aborted(e)) return;
     if (!first_error_ && !was_parent_cancelled()) first_error_ = std::move(e);
     stop();
   }

@@ -12,7 +12,6 @@
 
 #include <sluice/detail/asio.hpp>
 
-#include <exception>
 #include <memory>
 #include <optional>
 #include <system_error>
@@ -51,17 +50,6 @@ class grace_period {
   std::optional<clock::time_point> deadline_;
   std::shared_ptr<child_set> timers_;  // the grace timer, once a stop asked for one
 };
-
-// True if `e` holds a system_error of operation_aborted (what a cancellation ends with).
-inline bool is_aborted(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const system_error& x) {
-    return x.code() == asio::error::operation_aborted;
-  } catch (...) {
-    return false;
-  }
-}
 
 }  // namespace sluice::detail
 

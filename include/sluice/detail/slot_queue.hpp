@@ -47,12 +47,12 @@ class slot_queue {
   [[nodiscard]] bool empty() const noexcept { return children_.empty() && producers_.empty(); }
   // Queued children (not the producers).
   [[nodiscard]] std::size_t size() const noexcept { return children_.size(); }
-  [[nodiscard]] producer_queue& producers() noexcept { return producers_; }
-  [[nodiscard]] const producer_queue& producers() const noexcept { return producers_; }
+  [[nodiscard]] producer_queue<>& producers() noexcept { return producers_; }
+  [[nodiscard]] const producer_queue<>& producers() const noexcept { return producers_; }
 
  private:
   std::deque<asio::awaitable<void>> children_;  // accepted, not started (FIFO)
-  producer_queue producers_;                    // in spawn_when_ready (FIFO)
+  producer_queue<> producers_;                  // in spawn_when_ready (FIFO)
 };
 
 }  // namespace sluice::detail
