@@ -481,6 +481,34 @@ TEST_CASE("a keyed task group fails fast: running children cancelled, waiting on
   CHECK(producers_refused == 0);  // the body was cancelled too
 }
 
+TEST_CASE("a failing child of a keyed task group lets no waiting child of its key start",
+          "[by_key]") {
+  // a fails at 13 ms while the second a waits for its key and a slot is free:
+  // the failure stops the group before the second a could take the room it
+  // freed (found by tests/fuzz/by_key_fuzz.cpp).
+  virtual_loop loop;
+  trace t;
+  std::vector<job> in = jobs("aa", 100ms);
+  in[0].took = 13ms;
+  bool failed = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await char_group::run(2, 1, [&](char_group& g) -> asio::awaitable<void> {
+        for (auto& j : in)
+          g.spawn(j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
+            co_await work(l, tr, jb);
+          }(loop, t, j));
+        co_return;
+      });
+    } catch (const std::runtime_error&) {
+      failed = true;
+    }
+  });
+  CHECK(failed);
+  CHECK(t.starts.size() == 1);
+  CHECK(t.cancelled == 0);
+}
+
 TEST_CASE("a keyed task group cancelled by its caller loses nothing, producers included",
           "[by_key]") {
   virtual_loop loop;

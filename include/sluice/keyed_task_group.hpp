@@ -181,7 +181,8 @@ class keyed_task_group {
     }
   }
 
-  // A child holding its key's room; at its end the room and the slot go on.
+  // A child holding its key's room; at its end (a normal one) the room and
+  // the slot go on.
   static asio::awaitable<void> run_child(keyed_task_group* self, ticket t,
                                          asio::awaitable<void> child) {
     std::exception_ptr error;
@@ -191,8 +192,10 @@ class keyed_task_group {
       error = std::current_exception();
     }
     t.reset();
-    self->pump(1);
+    // A failure stops the group (task_group::run): nothing more starts, not
+    // even in the instant before the group learns of it.
     if (error) std::rethrow_exception(error);
+    self->pump(1);
   }
 
   task_group* g_ = nullptr;
