@@ -394,6 +394,11 @@ namespace {
 
 using char_group = sluice::keyed_task_group<char>;
 
+// work() as a child of a task group (its result dropped).
+asio::awaitable<void> child_work(virtual_loop& loop, trace& t, job j) {
+  co_await work(loop, t, j);
+}
+
 }  // namespace
 
 TEST_CASE("a keyed task group gives a slot to the oldest child whose key has room", "[by_key]") {
@@ -401,10 +406,7 @@ TEST_CASE("a keyed task group gives a slot to the oldest child whose key has roo
   trace t;
   loop.run([&]() -> asio::awaitable<void> {
     co_await char_group::run(2, 1, [&](char_group& g) -> asio::awaitable<void> {
-      for (auto& j : jobs("aaaabc", 100ms))
-        g.spawn(j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
-          co_await work(l, tr, jb);
-        }(loop, t, j));
+      for (auto& j : jobs("aaaabc", 100ms)) g.spawn(j.key, child_work(loop, t, j));
       CHECK(g.running() == 2);  // the first a and b
       CHECK(g.waiting() == 4);  // three a's and c wait outside the slots
       CHECK(g.keys() == 3);
@@ -429,20 +431,17 @@ TEST_CASE(
   std::size_t most_waiting = 0;
   std::vector<nanoseconds> accepted;
   loop.run([&]() -> asio::awaitable<void> {
-    co_await char_group::run(
-        4, 1,
-        [&](char_group& g) -> asio::awaitable<void> {
-          for (auto& j : jobs("aaaaaaab", 100ms)) {
-            const bool ok = co_await g.spawn_when_ready(
-                j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
-                  co_await work(l, tr, jb);
-                }(loop, t, j));
-            CHECK(ok);
-            accepted.push_back(loop.now());
-            most_waiting = std::max(most_waiting, g.waiting());
-          }
-        },
-        {.buffer = 2});
+    co_await char_group::run(4, 1,
+                             [&](char_group& g) -> asio::awaitable<void> {
+                               for (auto& j : jobs("aaaaaaab", 100ms)) {
+                                 const bool ok =
+                                     co_await g.spawn_when_ready(j.key, child_work(loop, t, j));
+                                 CHECK(ok);
+                                 accepted.push_back(loop.now());
+                                 most_waiting = std::max(most_waiting, g.waiting());
+                               }
+                             },
+                             {.buffer = 2});
   });
   CHECK(most_waiting == 2);
   CHECK(accepted == std::vector<nanoseconds>{0ms, 0ms, 0ms, 100ms, 200ms, 300ms, 400ms, 500ms});
@@ -462,10 +461,7 @@ TEST_CASE("a keyed task group fails fast: running children cancelled, waiting on
   loop.run([&]() -> asio::awaitable<void> {
     try {
       co_await char_group::run(3, 1, [&](char_group& g) -> asio::awaitable<void> {
-        for (auto& j : in)
-          g.spawn(j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
-            co_await work(l, tr, jb);
-          }(loop, t, j));
+        for (auto& j : in) g.spawn(j.key, child_work(loop, t, j));
         co_await sluice::sleep(1s);  // cancelled by the failure
         ++producers_refused;
       });
@@ -494,10 +490,7 @@ TEST_CASE("a failing child of a keyed task group lets no waiting child of its ke
   loop.run([&]() -> asio::awaitable<void> {
     try {
       co_await char_group::run(2, 1, [&](char_group& g) -> asio::awaitable<void> {
-        for (auto& j : in)
-          g.spawn(j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
-            co_await work(l, tr, jb);
-          }(loop, t, j));
+        for (auto& j : in) g.spawn(j.key, child_work(loop, t, j));
         co_return;
       });
     } catch (const std::runtime_error&) {
@@ -518,19 +511,14 @@ TEST_CASE("a keyed task group cancelled by its caller loses nothing, producers i
   loop.run([&]() -> asio::awaitable<void> {
     try {
       co_await sluice::with_timeout(
-          150ms,
-          char_group::run(2, 1,
-                          [&](char_group& g) -> asio::awaitable<void> {
-                            for (auto& j : jobs("aaaaab", 100ms)) {
-                              co_await g.spawn_when_ready(
-                                  j.key,
-                                  [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
-                                    co_await work(l, tr, jb);
-                                  }(loop, t, j));
-                              ++spawned;
-                            }
-                          },
-                          {.buffer = 1}));
+          150ms, char_group::run(2, 1,
+                                 [&](char_group& g) -> asio::awaitable<void> {
+                                   for (auto& j : jobs("aaaaab", 100ms)) {
+                                     co_await g.spawn_when_ready(j.key, child_work(loop, t, j));
+                                     ++spawned;
+                                   }
+                                 },
+                                 {.buffer = 1}));
     } catch (const sluice::timeout_error&) {
       timed_out = true;
     }
@@ -650,10 +638,7 @@ TEST_CASE("seeded runs keep the caps, per-key FIFO and the reference schedule's 
       trace t;
       loop.run([&]() -> asio::awaitable<void> {
         co_await char_group::run(limit, per_key, [&](char_group& g) -> asio::awaitable<void> {
-          for (auto& j : in)
-            g.spawn(j.key, [](virtual_loop& l, trace& tr, job jb) -> asio::awaitable<void> {
-              co_await work(l, tr, jb);
-            }(loop, t, j));
+          for (auto& j : in) g.spawn(j.key, child_work(loop, t, j));
           co_return;
         });
       });
