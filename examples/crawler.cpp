@@ -16,7 +16,9 @@
 // the tail (99% of the ideal schedule; 86% with the default order, the
 // oldest page whose host has room). Beside it the same crawl without keys, a
 // keyed_semaphore per host taken inside the task (a task waiting for its
-// host holds one of the 8 slots: head-of-line blocking): 60%.
+// host holds one of the 8 slots: head-of-line blocking): 60%. And the crawl
+// as a sluice::keyed_task_group<int>(8, 2): each page spawns its links under
+// their host, no frontier.
 //
 //   crawler             real time: 4 threads, a 2-thread parse pool, latencies scaled 1/10
 //   crawler --virtual   one thread on a virtual-time loop (exact, instant): the four sections
@@ -140,6 +142,7 @@ bool run_host_crawl() {
   const auto busiest = crawl::run(crawl::mode::most_waiting);
   const auto oldest = crawl::run(crawl::mode::oldest);
   const auto plain = crawl::run(crawl::mode::keyed_semaphore);
+  const auto group = crawl::run(crawl::mode::group);
   const double ideal = crawl::ideal_makespan_s();
   const double bound = crawl::lower_bound_s();
   std::printf(
@@ -150,26 +153,29 @@ bool run_host_crawl() {
   std::printf("%-40s %6s %10s %9s %9s %14s\n", "", "pages", "makespan", "pages/s", "of ideal",
               "waiting (max)");
   auto row = [&](const char* name, const crawl::result& r) {
-    std::printf("%-40s %6d %9.2fs %9.1f %8.0f%% %14zu\n", name, r.pages, r.makespan_s(),
+    std::printf("%-40s %6d %9.3fs %9.1f %8.0f%% %14zu\n", name, r.pages, r.makespan_s(),
                 r.pages / r.makespan_s(), 100 * ideal / r.makespan_s(), r.max_waiting);
   };
-  std::printf("%-40s %6d %9.2fs %9.1f %8.0f%% %14s\n", "lower bound (work / slots)", total, bound,
+  std::printf("%-40s %6d %9.3fs %9.1f %8.0f%% %14s\n", "lower bound (work / slots)", total, bound,
               total / bound, 100 * ideal / bound, "-");
-  std::printf("%-40s %6d %9.2fs %9.1f %9s %14s\n", "ideal (clairvoyant schedule)", total, ideal,
+  std::printf("%-40s %6d %9.3fs %9.1f %9s %14s\n", "ideal (clairvoyant schedule)", total, ideal,
               total / ideal, "100%", "-");
   row("by_key(host, 2), most_waiting", busiest);
   row("by_key(host, 2), oldest", oldest);
+  row("keyed_task_group(8, 2), most_waiting", group);
   row("no keys: keyed_semaphore in the task", plain);
   std::printf(
-      "\nmax in flight: %zu, %zu and %zu (limit %zu); per host: %zu, %zu and %zu (limit %zu); "
-      "by_key buffer %zu\n",
-      busiest.max_in_flight, oldest.max_in_flight, plain.max_in_flight, crawl::limit,
-      busiest.max_per_host, oldest.max_per_host, plain.max_per_host, crawl::per_host,
-      crawl::buffer);
+      "\nmax in flight, by row: %zu, %zu, %zu, %zu (limit %zu); per host: %zu, %zu, %zu, %zu "
+      "(limit %zu); by_key buffer %zu\n",
+      busiest.max_in_flight, oldest.max_in_flight, group.max_in_flight, plain.max_in_flight,
+      crawl::limit, busiest.max_per_host, oldest.max_per_host, group.max_per_host,
+      plain.max_per_host, crawl::per_host, crawl::buffer);
   bool ok = true;
   for (const auto* r : {&busiest, &oldest})
     ok = ok && r->pages == total && r->max_in_flight <= crawl::limit &&
          r->max_per_host <= crawl::per_host && r->max_waiting <= crawl::buffer;
+  ok = ok && group.pages == total && group.max_in_flight <= crawl::limit &&
+       group.max_per_host <= crawl::per_host && group.makespan_s() <= ideal / 0.90;
   return ok && plain.pages == total && busiest.makespan_s() <= ideal / 0.90 &&
          oldest.makespan_s() <= ideal / 0.85 && plain.makespan_s() > 1.3 * oldest.makespan_s();
 }

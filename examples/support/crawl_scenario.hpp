@@ -5,8 +5,9 @@
 // 100-300 ms (a function of the page), 8 at once and at most 2 per host.
 // Crawled by map_unordered over the crawl's frontier (a plain FIFO of
 // discovered pages), with by_key(host, 2) in either order, or with a
-// keyed_semaphore per host taken inside the task; beside them the ideal
-// schedule and the lower bound. Shared by tests/by_key_test.cpp and
+// keyed_semaphore per host taken inside the task; or by a
+// keyed_task_group<int>(8, 2) whose pages spawn their links; beside them the
+// ideal schedule and the lower bound. Shared by tests/by_key_test.cpp and
 // examples/crawler.cpp; it ships beside the examples and includes installed
 // headers only.
 #ifndef SLUICE_EXAMPLES_SUPPORT_CRAWL_SCENARIO_HPP
@@ -17,6 +18,7 @@
 #include <sluice/event.hpp>
 #include <sluice/for_each.hpp>
 #include <sluice/keyed_semaphore.hpp>
+#include <sluice/keyed_task_group.hpp>
 #include <sluice/testing/slow_service.hpp>
 #include <sluice/testing/virtual_time.hpp>
 
@@ -25,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -166,9 +169,10 @@ inline double lower_bound_s() {
 
 /// How the crawl limits hosts.
 enum class mode {
-  most_waiting,    ///< by_key(host, 2, {.order = key_order::most_waiting})
-  oldest,          ///< by_key(host, 2): the oldest page whose host has room
-  keyed_semaphore  ///< no keys: a keyed_semaphore per host inside the task
+  most_waiting,     ///< by_key(host, 2, {.order = key_order::most_waiting})
+  oldest,           ///< by_key(host, 2): the oldest page whose host has room
+  keyed_semaphore,  ///< no keys: a keyed_semaphore per host inside the task
+  group             ///< keyed_task_group<int>: each page spawns its links, most_waiting
 };
 
 struct result {
@@ -180,8 +184,45 @@ struct result {
   }
 };
 
+/// Crawls the site with a keyed_task_group: no frontier, each fetched page
+/// spawns its links under their host (spawn never waits: what waits for its
+/// host is every page discovered and not started).
+inline result run_group() {
+  namespace testing = sluice::testing;
+  using group = sluice::keyed_task_group<int>;
+  const std::vector<int> sizes = host_sizes();
+  testing::slow_service site({.latency = testing::latency::from([](const testing::call_info& c) {
+                                return page_latency(c.key, c.op);
+                              })});
+  testing::virtual_loop loop;
+  result r;
+  std::function<asio::awaitable<void>(group&, page)> visit = [&](group& g,
+                                                                 page p) -> asio::awaitable<void> {
+    co_await site.call(host_name(p.host), std::to_string(p.index));
+    ++r.pages;
+    for (auto& l : links_of(p, sizes)) g.spawn(l.host, visit(g, l));
+    r.max_waiting = std::max(r.max_waiting, g.waiting());
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await group::run(limit, per_host,
+                        [&](group& g) -> asio::awaitable<void> {
+                          for (int h = 0; h < static_cast<int>(sizes.size()); ++h)
+                            g.spawn(h, visit(g, {h, 0}));
+                          r.max_waiting = std::max(r.max_waiting, g.waiting());
+                          co_return;
+                        },
+                        {.order = sluice::key_order::most_waiting});
+  });
+  r.makespan = loop.now();
+  r.max_in_flight = site.max_in_flight();
+  for (int h = 0; h < static_cast<int>(sizes.size()); ++h)
+    r.max_per_host = std::max(r.max_per_host, site.max_in_flight(host_name(h)));
+  return r;
+}
+
 /// Crawls the site in virtual time.
 inline result run(mode m) {
+  if (m == mode::group) return run_group();
   namespace testing = sluice::testing;
   const std::vector<int> sizes = host_sizes();
   testing::slow_service site({.latency = testing::latency::from([](const testing::call_info& c) {

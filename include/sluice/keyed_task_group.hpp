@@ -58,6 +58,12 @@ concept keyed_task_group_body = std::invocable < F&,
 ///   type is a template parameter here (any key `Hash` and `==` accept),
 ///   and `task_group` stays what it was for everyone who spawns without keys.
 ///   It is built on a `task_group`: the children it starts are that group's.
+/// - After a failure, nothing more starts: children waiting for their key are
+///   destroyed unstarted, and producers still waiting in `spawn_when_ready`
+///   resume with false, at the latest when `run` ends (the body and the
+///   children, the usual producers, are cancelled at once anyway).
+/// - Not offered (yet): `task_group`'s `stop_source` and `progress` overloads,
+///   and a per-key limit given as a `keyed_semaphore` shared with other code.
 ///
 /// Lifetimes: as `task_group`'s (the body object and the caller's frame
 /// outlive every child; the body coroutine's own locals do not). Loop-affine:
