@@ -99,7 +99,7 @@ TEST_CASE("contended units rotate between waiting keys in proportion to their we
   // 50 units per 10 ms; every call takes 50 (one per window). Weights are
   // credit per round in units: "a" gets two calls' worth, "b" and "c" one.
   virtual_loop loop;
-  fair_rate r{50, 10ms};
+  sluice::fair_limit<sluice::rate_limiter, std::string> r{50, 10ms};
   r.set_weight("a", 100);
   r.set_weight("b", 50);
   r.set_weight("c", 50);
