@@ -162,6 +162,7 @@ class fair_limit {
    public:
     /// `L`'s permit type.
     using inner_type = typename inner_permit<L>::type;
+    /// An empty permit that owns nothing.
     permit() noexcept = default;
     /// Takes over `o`'s permit.
     permit(permit&& o) noexcept

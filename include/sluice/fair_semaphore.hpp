@@ -94,9 +94,12 @@ class fair_semaphore {
   /// destruction.
   class permit {
    public:
+    /// An empty permit that owns nothing.
     permit() noexcept = default;
+    /// Takes over `o`'s permit.
     permit(permit&& o) noexcept
         : s_(std::exchange(o.s_, nullptr)), n_(std::exchange(o.n_, nullptr)) {}
+    /// Releases this permit, then takes over `o`'s.
     permit& operator=(permit&& o) noexcept {
       if (this != &o) {
         reset();
