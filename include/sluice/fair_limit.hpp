@@ -18,7 +18,6 @@
 #include <optional>
 #include <stdexcept>
 #include <system_error>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
