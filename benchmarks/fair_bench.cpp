@@ -7,7 +7,8 @@
 //                        items/s = grants per second
 //
 // <kind>: semaphore (FIFO, the baseline), fair_semaphore<int> (the rotation built in),
-// fair_limit<semaphore, int> (the gate in front of a semaphore). Run: build/<dir>/benchmarks/fair_bench
+// fair_limit<semaphore, int> (the gate in front of a semaphore). Run:
+// build/<dir>/benchmarks/fair_bench
 
 #include <sluice/fair_limit.hpp>
 #include <sluice/fair_semaphore.hpp>
