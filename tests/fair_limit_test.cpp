@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstddef>
 #include <deque>
+#include <exception>
 #include <limits>
 #include <map>
 #include <memory>
@@ -237,6 +238,33 @@ TEST_CASE("destroying a fair limit ends the calls at its gate and in its limit",
   h.poll();
   CHECK(a.cancelled());
   CHECK(b.cancelled());
+}
+
+TEST_CASE("a call whose loop is destroyed while it has the turn hands the turn on",
+          "[fair_limit]") {
+  fair_rate r{1, 1h};  // real time: the window stays full for the whole test
+  asio::io_context second;
+  asio::cancellation_signal cancel_b;
+  bool b_done = false;
+  {
+    auto first = std::make_unique<asio::io_context>();
+    asio::co_spawn(*first, r.acquire("x"), asio::detached);  // takes the one start
+    asio::co_spawn(*first, r.acquire("a"), asio::detached);  // has the turn, waits in the limiter
+    first->poll();
+    asio::co_spawn(
+        second, r.acquire("b"),
+        asio::bind_cancellation_slot(cancel_b.slot(), [&](std::exception_ptr) { b_done = true; }));
+    second.poll();
+    CHECK(r.waiters() == 2);
+    CHECK(r.underlying().waiters() == 1);  // "a"; "b" waits at the gate
+  }                                        // "a"'s loop ends: its frame is destroyed
+  second.poll();
+  CHECK(r.waiters() == 1);
+  CHECK(r.underlying().waiters() == 1);  // "b" had the turn handed on and waits in the limiter
+  cancel_b.emit(asio::cancellation_type::terminal);
+  second.poll();
+  CHECK(b_done);
+  CHECK(r.waiters() == 0);
 }
 
 TEST_CASE("a fair limit rejects bad input with clear errors", "[fair_limit]") {
