@@ -44,7 +44,9 @@
 #include <sluice/acquire_all.hpp>
 #include <sluice/adaptive_algorithms.hpp>
 #include <sluice/adaptive_limit.hpp>
+#include <sluice/fair_limit.hpp>
 #include <sluice/fair_semaphore.hpp>
+#include <sluice/fair_share.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
