@@ -7,6 +7,7 @@
 #include <sluice/detail/completion.hpp>
 #include <sluice/detail/fair_rotation.hpp>
 #include <sluice/detail/waiter_list.hpp>
+#include <sluice/fair_limit_key.hpp>
 #include <sluice/fair_share.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -22,20 +23,6 @@
 #include <utility>
 
 namespace sluice {
-
-/// A limit whose waits hand out a permit: `scoped_acquire()` (`semaphore`,
-/// `adaptive_limit`, `shared_semaphore`, `strand_bound` of those).
-template <class L>
-concept permit_limit = requires(L& l) {
-  { l.scoped_acquire() } -> task;
-};
-
-/// A limit that grants units, kept (a start, tokens): `acquire(n)`
-/// (`rate_limiter`, `token_bucket`, `strand_bound` of those).
-template <class L>
-concept unit_limit = requires(L& l, std::size_t n) {
-  { l.acquire(n) } -> std::same_as<asio::awaitable<void>>;
-};
 
 /// Fair shares between keys (tenants) for any limit `L`: a gate in front of
 /// `L` that lets one call at a time into `L`'s own queue, picking the next key
@@ -152,6 +139,8 @@ class fair_limit {
  public:
   /// The limit behind the gate.
   using limit_type = L;
+  /// The key type.
+  using key_type = Key;
 
   /// A permit of `L` taken for one key (permit limits): releases it on
   /// destruction or `reset()`. `get()` / `->` reach `L`'s own permit
@@ -201,31 +190,8 @@ class fair_limit {
     std::optional<inner_type> inner_;
   };
 
-  /// One key of a `fair_limit` as a limit of its own, for a call policy
-  /// (`sluice::shed(view, {...})`): `scoped_acquire()` / `acquire(n)` /
-  /// `try_acquire(n)` are the `fair_limit`'s for that key. Must not outlive
-  /// it.
-  class key_view {
-   public:
-    /// `scoped_acquire(key)` of the `fair_limit`.
-    [[nodiscard]] auto scoped_acquire() requires permit_limit<L> { return f_->scoped_acquire(k_); }
-    /// `acquire(key, n)` of the `fair_limit`.
-    [[nodiscard]] asio::awaitable<void> acquire(std::size_t n = 1) requires unit_limit<L> {
-      return f_->acquire(k_, n);
-    }
-    /// `try_acquire(key, n)` of the `fair_limit`.
-    [[nodiscard]] bool try_acquire(std::size_t n = 1) requires unit_limit<L> {
-      return f_->try_acquire(k_, n);
-    }
-    /// The key.
-    [[nodiscard]] const Key& key() const noexcept { return k_; }
-
-   private:
-    friend class fair_limit;
-    key_view(fair_limit& f, Key k) : f_(&f), k_(std::move(k)) {}
-    fair_limit* f_;
-    Key k_;
-  };
+  /// One key as a limit of its own, for a call policy: `for_key(key)`.
+  using key_view = fair_limit_key<fair_limit>;
 
   /// Builds `L{args...}` behind the gate.
   template <class... Args>

@@ -45,6 +45,7 @@
 #include <sluice/adaptive_algorithms.hpp>
 #include <sluice/adaptive_limit.hpp>
 #include <sluice/fair_limit.hpp>
+#include <sluice/fair_limit_key.hpp>
 #include <sluice/fair_semaphore.hpp>
 #include <sluice/fair_share.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
