@@ -9,11 +9,14 @@
 #include <sluice/event.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
+#include <sluice/limits.hpp>
 #include <sluice/lock.hpp>
+#include <sluice/policy.hpp>
 #include <sluice/queue.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/semaphore.hpp>
 #include <sluice/shared_semaphore.hpp>
+#include <sluice/shed.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
@@ -325,4 +328,46 @@ TEST_CASE("single_flight, sleep and with_timeout refuse a caller cancelled befor
                   }));
     CHECK(started == 0);
   }
+}
+
+TEST_CASE(
+    "call policies refuse a caller cancelled before it called, taking no free permit or start",
+    "[policy][shed][limits][precancel]") {
+  // shed's fast path (the limit's try_acquire) took a free permit or a rate
+  // start for such a caller and ran the call.
+  tasks_on_loop h;
+  const auto ex = h.loop.get_executor();
+  sluice::semaphore sem{ex, 1};
+  sluice::shared_semaphore shared{ex, 1};
+  sluice::rate_limiter rl{ex, 1, 1s};
+  int started = 0;
+  auto fn = [&]() -> asio::awaitable<int> {
+    ++started;
+    co_return 1;
+  };
+  SECTION("shed over a semaphore") {
+    auto p = sluice::policy(sluice::shed(sem));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    CHECK(p.get<0>().stats().admitted == 0);
+    CHECK(sem.stats().acquired == 0);
+  }
+  SECTION("shed over a shared_semaphore") {
+    auto p = sluice::policy(sluice::shed(shared));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    CHECK(shared.stats().acquired == 0);
+  }
+  SECTION("shed over a rate_limiter: the start stays free") {
+    auto p = sluice::policy(sluice::shed(rl));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    CHECK(rl.stats().acquired == 0);
+    CHECK(rl.try_acquire());
+  }
+  SECTION("limits over a semaphore and a rate_limiter") {
+    auto p = sluice::policy(sluice::limits(sem, rl));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    CHECK(rl.try_acquire());
+  }
+  CHECK(started == 0);
+  CHECK(sem.value() == 1);
+  CHECK(shared.value() == 1);
 }
