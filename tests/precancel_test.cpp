@@ -7,6 +7,7 @@
 #include <sluice/adaptive_limit.hpp>
 #include <sluice/condition.hpp>
 #include <sluice/event.hpp>
+#include <sluice/fair_semaphore.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/limits.hpp>
@@ -29,6 +30,7 @@
 #include <support/spawned.hpp>
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 using namespace std::chrono_literals;
@@ -370,4 +372,25 @@ TEST_CASE(
   CHECK(started == 0);
   CHECK(sem.value() == 1);
   CHECK(shared.value() == 1);
+}
+
+TEST_CASE("a fair_semaphore refuses a caller cancelled before it called, async_acquire too",
+          "[fair_semaphore][precancel]") {
+  // async_acquire took the free permit for the key and parked it in the
+  // key's gate before the gate refused the handler: the permit was lost
+  // (value 0, the key "in use" by nobody).
+  tasks_on_loop h;
+  sluice::fair_semaphore<std::string> fs{h.loop.get_executor(), 1};
+  const bool busy = GENERATE(true, false);
+  std::optional<sluice::fair_semaphore<std::string>::permit> held;
+  if (busy) held = fs.try_acquire("other");
+  check_refused(h, call_after_cancel(h, [&] { return fs.acquire("k"); }));
+  check_refused(h,
+                call_after_cancel(h, [&] { return fs.async_acquire("k", asio::use_awaitable); }));
+  CHECK(fs.waiters() == 0);
+  CHECK(fs.stats("k").in_use == 0);
+  held.reset();
+  CHECK(fs.value() == 1);
+  auto p = fs.try_acquire("k");  // the permit is there for the next caller
+  CHECK(p.has_value());
 }

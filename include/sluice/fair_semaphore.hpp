@@ -154,6 +154,9 @@ class fair_semaphore {
   auto async_acquire(Key key, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler, Key k) {
+          // Cancelled before it called: refused before a free permit is taken
+          // for the key (the gate's own refusal would strand it there).
+          if (detail::refuse_cancelled(handler, ex_)) return;
           node_type* n = node_for(k);
           const bool free = take_free(n);
           if (free) {
