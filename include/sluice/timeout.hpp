@@ -4,6 +4,7 @@
 
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
+#include <sluice/detail/aborted.hpp>
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/range_holder.hpp>
 #include <sluice/gather.hpp>
@@ -30,6 +31,18 @@
 
 namespace sluice {
 
+namespace detail {
+
+// "<what> <d> s", d in seconds with three decimals: the message of every
+// sluice error that carries a duration (timeout_error, breaker_open_error).
+inline std::string seconds_message(const char* what, clock::duration d) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "%s %.3f s", what, std::chrono::duration<double>(d).count());
+  return buf;
+}
+
+}  // namespace detail
+
 /// Thrown by `with_timeout` when its own deadline passed, and stored in the
 /// `outcome` of every slot a `deadline` left unfinished.
 ///
@@ -41,33 +54,17 @@ class timeout_error : public std::runtime_error {
  public:
   /// A timeout after `limit`; the message states it in seconds.
   explicit timeout_error(clock::duration limit)
-      : std::runtime_error(message(limit)), limit_(limit) {}
+      : std::runtime_error(detail::seconds_message("sluice: timed out after", limit)),
+        limit_(limit) {}
 
   /// The time limit that passed.
   [[nodiscard]] clock::duration limit() const noexcept { return limit_; }
 
  private:
-  static std::string message(clock::duration limit) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "sluice: timed out after %.3f s",
-                  std::chrono::duration<double>(limit).count());
-    return buf;
-  }
   clock::duration limit_;
 };
 
 namespace detail {
-
-inline bool is_operation_aborted(const std::exception_ptr& e) {
-  if (!e) return false;
-  try {
-    std::rethrow_exception(e);
-  } catch (const system_error& x) {
-    return x.code() == asio::error::operation_aborted;
-  } catch (...) {
-    return false;
-  }
-}
 
 // What a race between a body and a deadline saw. Invariant: expired is set
 // only if the deadline passed while the body was still running.
