@@ -50,8 +50,8 @@ namespace sluice {
 ///   permit; `acquire` hands a permit granted to a coroutine cancelled before
 ///   it resumed on to the next waiter, and throws `operation_aborted`. A
 ///   coroutine whose cancellation was requested before it called `acquire` /
-///   `scoped_acquire` is refused at once (`operation_aborted`), even when a
-///   permit is free.
+///   `scoped_acquire` / `async_acquire` is refused at once
+///   (`operation_aborted`), even when a permit is free.
 /// - Memory: an entry per key that holds, waits or is among the last
 ///   `window` grants; a key's weight once set is kept.
 /// - Throws: `permits == 0`, `window == 0`, a weight that is not a finite
