@@ -2,6 +2,15 @@
 // sluice::acquire_all: DESIGN.md "Providers that push back", semantics 3.
 // Every timing is exact, in virtual time; the server-shape cases on real
 // threads assert counts only.
+// g++ 12 at -O1 (the TSan build) reports -Wmismatched-new-delete for the
+// frame of an acquire_all of four strand and shared budgets: a false positive
+// (Asio's awaitable frames pair their own operator new and delete), as
+// policy_test.cpp notes. Before the includes: the
+// warning is reported in acquire_all.hpp, where the frame is instantiated.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
 #include <sluice/acquire_all.hpp>
 
 #include <sluice/adaptive_limit.hpp>
@@ -25,11 +34,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -606,4 +618,409 @@ sluice::strand_bound<sluice::token_bucket> bucket{asio::make_strand(ctx), 1e6, 1
   CHECK(c.max_pool.load() <= 2);
   CHECK(cap.value() == 3);
   CHECK(pool.underlying().value() == 2);
+}
+
+namespace {
+
+// How an adversarial round cuts its acquire_all short.
+enum class cut { none, terminal, partial, total, before };
+
+// One attempt's cancellation: emitted on the attempt's strand only while the
+// attempt runs (its slot is cleared when it completes).
+struct attempt_state {
+  asio::cancellation_signal signal;
+  bool running = true;
+};
+
+// Holders of the shared budgets, counted outside the library.
+struct holders {
+  std::atomic<int> cap{0}, pool{0}, alim{0}, max_cap{0}, max_pool{0}, max_alim{0};
+  std::atomic<int> ok{0}, aborted{0}, wrong{0}, rpm_units{0};
+  std::mutex mu;
+  std::string first_wrong;
+  void note_wrong(std::string what) {
+    ++wrong;
+    std::lock_guard<std::mutex> lock(mu);
+    if (first_wrong.empty()) first_wrong = std::move(what);
+  }
+};
+
+struct hold_count {
+  std::atomic<int>* in[4] = {};
+  std::atomic<int>* max[4] = {};
+  int n = 0;
+  void add(std::atomic<int>& c, std::atomic<int>& m) {
+    in[n] = &c;
+    max[n] = &m;
+    raise_to(m, ++c);
+    ++n;
+  }
+  ~hold_count() {
+    for (int i = 0; i < n; ++i) --*in[i];
+  }
+};
+
+// Which shared budgets a round names, and how many rpm units.
+struct names {
+  bool cap = false, pool = false, alim = false, own = false;
+  int rpm = 0;
+};
+
+// One acquire_all: `take()` makes the call. Counts the holders while it
+// holds, then releases them; `how == before` calls only once cancelled.
+template <class Take>
+asio::awaitable<void> attempt(Take take, cut how, int hold, names n, holders& h,
+                              std::atomic<int>& own_in, std::atomic<int>& own_max) {
+  if (how == cut::partial || how == cut::total)
+    co_await asio::this_coro::reset_cancellation_state(asio::enable_total_cancellation());
+  if (how == cut::before) {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    const auto cs = co_await asio::this_coro::cancellation_state;
+    while (cs.cancelled() == asio::cancellation_type::none)
+      co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+  }
+  auto held = co_await take();
+  if (how == cut::before) h.note_wrong("a caller cancelled before it called was granted");
+  {
+    hold_count c;
+    if (n.cap) c.add(h.cap, h.max_cap);
+    if (n.pool) c.add(h.pool, h.max_pool);
+    if (n.alim) c.add(h.alim, h.max_alim);
+    if (n.own) c.add(own_in, own_max);
+    h.rpm_units += n.rpm;
+    for (int i = 0; i < hold; ++i)
+      co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+  }
+  held.release();
+}
+
+struct shared_budgets {
+  sluice::shared_semaphore cap{3};
+  sluice::strand_bound<sluice::semaphore> pool;
+  sluice::strand_bound<sluice::adaptive_limit> alim;
+  sluice::strand_bound<sluice::rate_limiter> rpm;
+  sluice::strand_bound<sluice::token_bucket> bucket;
+  explicit shared_budgets(asio::io_context& ctx)
+      : pool{asio::make_strand(ctx), 2},
+        alim{asio::make_strand(ctx),
+             sluice::adaptive_limit::options{.initial = 2, .min = 2, .max = 2}},
+        rpm{asio::make_strand(ctx), 1'000'000, std::chrono::hours(1)},
+        bucket{asio::make_strand(ctx), 20000.0, 6} {}
+};
+
+// Runs the attempt for round `r` on this strand, cancelled as `how` says
+// after `delay` posts, and waits for it.
+template <class Take>
+asio::awaitable<void> round_of(Take take, cut how, int delay, names n, holders& h,
+                               std::atomic<int>& own_in, std::atomic<int>& own_max) {
+  auto ex = co_await asio::this_coro::executor;
+  auto st = std::make_shared<attempt_state>();
+  asio::steady_timer finished{ex, asio::steady_timer::time_point::max()};
+  bool done = false;
+  asio::co_spawn(ex, attempt(take, how, 1 + delay % 4, n, h, own_in, own_max),
+                 sluice_test::bind_slot(st->signal.slot(), [&, st](std::exception_ptr e) {
+                   st->running = false;
+                   done = true;
+                   finished.cancel();
+                   if (!e) {
+                     ++h.ok;
+                     if (how != cut::before) return;
+                   }
+                   try {
+                     if (e) std::rethrow_exception(e);
+                   } catch (const sluice::system_error& x) {
+                     if (x.code() == asio::error::operation_aborted && how != cut::none) {
+                       ++h.aborted;
+                       return;
+                     }
+                     h.note_wrong(x.what());
+                   } catch (const std::exception& x) {
+                     h.note_wrong(x.what());
+                   }
+                 }));
+  if (how != cut::none) {
+    const auto type = how == cut::partial ? asio::cancellation_type::partial
+                      : how == cut::total ? asio::cancellation_type::total
+                                          : asio::cancellation_type::terminal;
+    asio::co_spawn(
+        ex,
+        [st, delay, type]() -> asio::awaitable<void> {
+          for (int i = 0; i < delay; ++i)
+            co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+          if (st->running) st->signal.emit(type);
+        },
+        asio::detached);
+  }
+  if (!done) {
+    try {
+      co_await finished.async_wait(asio::use_awaitable);
+    } catch (const sluice::system_error&) {  // cancelled by the attempt's end
+    }
+  }
+}
+
+// A session's two coroutines share `own` and `own_tb` (loop-affine, on the
+// session's strand) and the process-wide budgets; round r names a mix.
+asio::awaitable<void> adversarial_session(shared_budgets& b, holders& h, sluice::semaphore& own,
+                                          sluice::token_bucket& own_tb, std::atomic<int>& own_in,
+                                          std::atomic<int>& own_max, unsigned seed, int rounds) {
+  std::minstd_rand rng(seed);
+  for (int r = 0; r < rounds; ++r) {
+    const cut how = static_cast<cut>(rng() % 5 == 0 ? 0 : rng() % 5);
+    const int delay = static_cast<int>(rng() % 16);
+    switch (rng() % 6) {
+      case 0:
+        co_await round_of(
+            [&] { return sluice::acquire_all(own, b.cap, b.pool, b.bucket.weighted(3)); }, how,
+            delay, {.cap = true, .pool = true, .own = true}, h, own_in, own_max);
+        break;
+      case 1:
+        co_await round_of([&] { return sluice::acquire_all(b.cap, b.alim, b.rpm); }, how, delay,
+                          {.cap = true, .alim = true, .rpm = 1}, h, own_in, own_max);
+        break;
+      case 2:
+        co_await round_of([&] { return sluice::acquire_all(b.pool, b.alim, own_tb); }, how, delay,
+                          {.pool = true, .alim = true}, h, own_in, own_max);
+        break;
+      case 3:
+        co_await round_of([&] { return sluice::acquire_all(own, b.rpm.weighted(2), b.cap); }, how,
+                          delay, {.cap = true, .own = true, .rpm = 2}, h, own_in, own_max);
+        break;
+      case 4:
+        co_await round_of([&] { return sluice::acquire_all(b.bucket, b.pool, b.cap, b.alim); }, how,
+                          delay, {.cap = true, .pool = true, .alim = true}, h, own_in, own_max);
+        break;
+      default:
+        co_await round_of([&] { return sluice::acquire_all(b.cap, own); }, how, delay,
+                          {.cap = true, .own = true}, h, own_in, own_max);
+        break;
+    }
+  }
+}
+
+// Stops `ctx` if the test has not finished within `limit` (a lost wakeup
+// would otherwise hang the suite); true when it had to.
+struct watchdog {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  std::atomic<bool> fired{false};
+  std::thread th;
+  watchdog(asio::io_context& ctx, std::chrono::seconds limit)
+      : th([this, &ctx, limit] {
+          std::unique_lock<std::mutex> lock(mu);
+          if (!cv.wait_for(lock, limit, [this] { return finished; })) {
+            fired = true;
+            ctx.stop();
+          }
+        }) {}
+  void done() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      finished = true;
+    }
+    cv.notify_all();
+    th.join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "review: acquire_all on 4 threads, cancelled at every step, never over a cap, loses nothing",
+    "[acquire_all][threads]") {
+  // Sessions on strands of a 4-thread io_context mix their own loop-affine
+  // budgets with a shared_semaphore and strand_bound semaphore, adaptive_limit,
+  // rate_limiter and token_bucket (weighted too); rounds are cancelled after
+  // 0-15 posts (terminal, partial, total) or before they call. Holders and rate
+  // units are counted outside the library.
+  constexpr int strands = 8, per_strand = 3, rounds = 60;
+  asio::io_context ctx;
+  holders h;
+  shared_budgets b{ctx};
+  struct own_budgets {
+    sluice::semaphore sem;
+    sluice::token_bucket tb;
+    std::atomic<int> in{0}, max{0};
+    explicit own_budgets(const asio::any_io_executor& s) : sem{s, 1}, tb{s, 2000.0, 2} {}
+  };
+  std::vector<std::unique_ptr<own_budgets>> owns;
+  for (int s = 0; s < strands; ++s) {
+    const asio::any_io_executor strand = asio::make_strand(ctx);
+    owns.push_back(std::make_unique<own_budgets>(strand));
+    auto& o = *owns.back();
+    for (int k = 0; k < per_strand; ++k)
+      asio::co_spawn(strand,
+                     adversarial_session(b, h, o.sem, o.tb, o.in, o.max,
+                                         static_cast<unsigned>(1 + s * per_strand + k), rounds),
+                     [&](std::exception_ptr e) {
+                       if (e) h.note_wrong("a session failed");
+                     });
+  }
+  watchdog dog{ctx, std::chrono::seconds(600)};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { ctx.run(); });
+  for (auto& th : threads) th.join();
+  dog.done();
+  INFO(h.first_wrong);
+  CHECK(h.ok.load() > 0);  // both ways out were exercised
+  CHECK(h.aborted.load() > 0);
+  CHECK_FALSE(dog.fired.load());
+  CHECK(h.wrong.load() == 0);
+  CHECK(h.ok.load() + h.aborted.load() == strands * per_strand * rounds);
+  CHECK(h.max_cap.load() <= 3);
+  CHECK(h.max_pool.load() <= 2);
+  CHECK(h.max_alim.load() <= 2);
+  CHECK(b.cap.value() == 3);
+  CHECK(b.cap.waiters() == 0);
+  CHECK(b.pool.underlying().value() == 2);
+  CHECK(b.alim.underlying().in_flight() == 0);
+  CHECK(b.rpm.underlying().stats().in_use == static_cast<std::size_t>(h.rpm_units.load()));
+  CHECK(b.bucket.underlying().waiters() == 0);
+  for (auto& o : owns) {
+    CHECK(o->max.load() <= 1);
+    CHECK(o->sem.value() == 1);
+    CHECK(o->tb.waiters() == 0);
+  }
+}
+
+namespace {
+
+struct loop_end_counts {
+  std::atomic<int> in_cap{0}, max_cap{0}, in_pool{0}, max_pool{0}, rpm_units{0}, steady{0};
+  std::atomic<int> granted{0}, wrong{0};
+};
+
+// One caller: all of cap, pool, own and (every other one) rpm; holds for a
+// few posts. Its loop may be destroyed at any step.
+asio::awaitable<void> batch_caller(sluice::shared_semaphore& cap,
+                                   sluice::strand_bound<sluice::semaphore>& pool,
+                                   sluice::strand_bound<sluice::rate_limiter>& rpm,
+                                   sluice::semaphore& own, loop_end_counts& c, int k) {
+  auto ex = co_await asio::this_coro::executor;
+  for (int round = 0;; ++round) {
+    const bool with_rpm = (k + round) % 2 == 0;
+    auto hold = [&]([[maybe_unused]] auto held) -> asio::awaitable<void> {
+      ++c.granted;
+      if (with_rpm) ++c.rpm_units;
+      hold_count h;
+      h.add(c.in_cap, c.max_cap);
+      h.add(c.in_pool, c.max_pool);
+      for (int i = 0; i <= k % 3; ++i) co_await asio::post(ex, asio::use_awaitable);
+    };
+    if (with_rpm) {
+      co_await hold(co_await sluice::acquire_all(cap, pool, own, rpm));
+    } else {
+      co_await hold(co_await sluice::acquire_all(own, pool, cap));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("review: acquire_all callers' loops destroyed mid-call, batch after batch, free all",
+          "[acquire_all][threads]") {
+  // Two threads each make a loop per batch, start callers on it, run it
+  // briefly and destroy it with calls waiting at every step (behind an older
+  // call, on the shared_semaphore, on the strand_bound's strand, on their own
+  // semaphore, holding). Meanwhile steady sessions on a 2-thread io_context
+  // use the same budgets to the end. Nothing is lost; nothing hangs.
+  constexpr int batches = 40, steady_sessions = 4, steady_rounds = 150;
+  asio::io_context main_ctx;
+  auto work = asio::make_work_guard(main_ctx);
+  sluice::shared_semaphore cap{2};
+  sluice::strand_bound<sluice::semaphore> pool{asio::make_strand(main_ctx), 1};
+  sluice::strand_bound<sluice::rate_limiter> rpm{asio::make_strand(main_ctx), 1'000'000,
+                                                 std::chrono::hours(1)};
+  loop_end_counts c;
+  std::atomic<int> steady_left{steady_sessions};
+  for (int s = 0; s < steady_sessions; ++s) {
+    asio::co_spawn(
+        asio::make_strand(main_ctx),
+        [&]() -> asio::awaitable<void> {
+          for (int r = 0; r < steady_rounds; ++r) {
+            auto held = co_await sluice::acquire_all(cap, pool);
+            hold_count h;
+            h.add(c.in_cap, c.max_cap);
+            h.add(c.in_pool, c.max_pool);
+            co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+          }
+          ++c.steady;
+        },
+        [&](std::exception_ptr e) {
+          if (e) ++c.wrong;
+          if (--steady_left == 0) work.reset();
+        });
+  }
+  watchdog dog{main_ctx, std::chrono::seconds(600)};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) threads.emplace_back([&] { main_ctx.run(); });
+  std::vector<std::thread> batchers;
+  for (int t = 0; t < 2; ++t) {
+    batchers.emplace_back([&, t] {
+      std::minstd_rand rng(static_cast<unsigned>(7 + t));
+      for (int b = 0; b < batches; ++b) {
+        std::optional<sluice::semaphore> own;  // outlives the loop: its frames release to it
+        asio::io_context loop;
+        own.emplace(loop.get_executor(), 1);
+        for (int k = 0; k < 4; ++k)
+          asio::co_spawn(loop, batch_caller(cap, pool, rpm, *own, c, k), asio::detached);
+        const int steps = static_cast<int>(rng() % 40);
+        for (int i = 0; i < steps; ++i) {
+          loop.poll();
+          if (rng() % 4 == 0) std::this_thread::yield();
+        }
+      }  // the loop dies here, its callers mid-call
+    });
+  }
+  for (auto& th : batchers) th.join();
+  for (auto& th : threads) th.join();
+  dog.done();
+  CHECK_FALSE(dog.fired.load());
+  CHECK(c.wrong.load() == 0);
+  CHECK(c.steady.load() == steady_sessions);
+  CHECK(c.max_cap.load() <= 2);
+  CHECK(c.max_pool.load() <= 1);
+  CHECK(cap.value() == 2);
+  CHECK(cap.waiters() == 0);
+  CHECK(pool.underlying().value() == 1);
+  CHECK(pool.underlying().waiters() == 0);
+  CHECK(rpm.underlying().stats().in_use == static_cast<std::size_t>(c.rpm_units.load()));
+  UNSCOPED_INFO("grants to callers whose loops died: " << c.granted.load());
+}
+
+TEST_CASE("review: a budget destroyed while acquire_all waits on it fails the call, not the others",
+          "[acquire_all]") {
+  // The waiting call throws operation_aborted holding nothing; the call that
+  // waited behind it (sharing another budget) goes on.
+  tasks_on_loop t;
+  const auto ex = t.loop.get_executor();
+  const bool on_strand = GENERATE(false, true);
+  auto plain = std::make_unique<sluice::semaphore>(ex, 0);
+  auto bound = std::make_unique<sluice::strand_bound<sluice::semaphore>>(asio::make_strand(ex), 0);
+  sluice::semaphore shared{ex, 1};
+  sluice::rate_limiter rpm{ex, 10, 1min};
+  auto& first = t.spawn([&]() -> asio::awaitable<void> {
+    if (on_strand) {
+      auto held = co_await sluice::acquire_all(shared, *bound, rpm);
+    } else {
+      auto held = co_await sluice::acquire_all(shared, *plain, rpm);
+    }
+  });
+  auto& second = t.spawn([&]() -> asio::awaitable<void> {
+    auto held = co_await sluice::acquire_all(shared, rpm.weighted(2));
+  });
+  t.poll();
+  REQUIRE_FALSE(first.done);
+  REQUIRE_FALSE(second.done);  // behind the first: FIFO
+  if (on_strand) {
+    bound.reset();
+  } else {
+    plain.reset();
+  }
+  t.poll();
+  CHECK(first.cancelled());
+  CHECK(second.succeeded());
+  CHECK(shared.value() == 1);
+  CHECK(rpm.stats().in_use == 2);  // the second's two starts only
 }

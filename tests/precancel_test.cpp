@@ -7,13 +7,17 @@
 #include <sluice/adaptive_limit.hpp>
 #include <sluice/condition.hpp>
 #include <sluice/event.hpp>
+#include <sluice/fair_semaphore.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
+#include <sluice/limits.hpp>
 #include <sluice/lock.hpp>
+#include <sluice/policy.hpp>
 #include <sluice/queue.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/semaphore.hpp>
 #include <sluice/shared_semaphore.hpp>
+#include <sluice/shed.hpp>
 #include <sluice/single_flight.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
@@ -26,6 +30,7 @@
 #include <support/spawned.hpp>
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 using namespace std::chrono_literals;
@@ -325,4 +330,67 @@ TEST_CASE("single_flight, sleep and with_timeout refuse a caller cancelled befor
                   }));
     CHECK(started == 0);
   }
+}
+
+TEST_CASE(
+    "call policies refuse a caller cancelled before it called, taking no free permit or start",
+    "[policy][shed][limits][precancel]") {
+  // shed's fast path (the limit's try_acquire) took a free permit or a rate
+  // start for such a caller and ran the call.
+  tasks_on_loop h;
+  const auto ex = h.loop.get_executor();
+  sluice::semaphore sem{ex, 1};
+  sluice::shared_semaphore shared{ex, 1};
+  sluice::rate_limiter rl{ex, 1, 1s};
+  int started = 0;
+  auto fn = [&]() -> asio::awaitable<int> {
+    ++started;
+    co_return 1;
+  };
+  SECTION("shed over a semaphore") {
+    auto p = sluice::policy(sluice::shed(sem));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    CHECK(p.get<0>().stats().admitted == 0);
+    CHECK(sem.stats().acquired == 0);
+  }
+  SECTION("shed over a shared_semaphore") {
+    auto p = sluice::policy(sluice::shed(shared));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    CHECK(shared.stats().acquired == 0);
+  }
+  SECTION("shed over a rate_limiter: the start stays free") {
+    auto p = sluice::policy(sluice::shed(rl));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    CHECK(rl.stats().acquired == 0);
+    CHECK(rl.try_acquire());
+  }
+  SECTION("limits over a semaphore and a rate_limiter") {
+    auto p = sluice::policy(sluice::limits(sem, rl));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    CHECK(rl.try_acquire());
+  }
+  CHECK(started == 0);
+  CHECK(sem.value() == 1);
+  CHECK(shared.value() == 1);
+}
+
+TEST_CASE("a fair_semaphore refuses a caller cancelled before it called, async_acquire too",
+          "[fair_semaphore][precancel]") {
+  // async_acquire took the free permit for the key and parked it in the
+  // key's gate before the gate refused the handler: the permit was lost
+  // (value 0, the key "in use" by nobody).
+  tasks_on_loop h;
+  sluice::fair_semaphore<std::string> fs{h.loop.get_executor(), 1};
+  const bool busy = GENERATE(true, false);
+  std::optional<sluice::fair_semaphore<std::string>::permit> held;
+  if (busy) held = fs.try_acquire("other");
+  check_refused(h, call_after_cancel(h, [&] { return fs.acquire("k"); }));
+  check_refused(h,
+                call_after_cancel(h, [&] { return fs.async_acquire("k", asio::use_awaitable); }));
+  CHECK(fs.waiters() == 0);
+  CHECK(fs.stats("k").in_use == 0);
+  held.reset();
+  CHECK(fs.value() == 1);
+  auto p = fs.try_acquire("k");  // the permit is there for the next caller
+  CHECK(p.has_value());
 }

@@ -326,3 +326,44 @@ TEST_CASE("review: a strand_bound destroyed before its io_context while grants a
   CHECK(lifetime_counter::live() == before);
   CHECK(resumed.load() == 0);
 }
+
+TEST_CASE("review: the limit's loop destroyed first: a caller on another loop gets aborted",
+          "[strand_bound][review]") {
+  // The limit lives on a loop of its own (the executor of an io_context that
+  // one thread runs), destroyed while a caller on another, live loop waits on
+  // it, or before the call even reached it. The caller resumes on its own
+  // loop with operation_aborted; before, it was never resumed (its frame was
+  // unwound unfinished: whoever awaited it waited for ever).
+  const bool reached = GENERATE(true, false);
+  std::optional<shared_sem> sem;
+  asio::io_context callers;
+  std::vector<std::string> how;
+  {
+    asio::io_context limit_ctx;
+    sem.emplace(limit_ctx.get_executor(), 0);
+    for (int kind = 0; kind < 2; ++kind)
+      asio::co_spawn(
+          callers,
+          [&, kind]() -> asio::awaitable<void> {
+            try {
+              if (kind == 0) {
+                co_await sem->acquire();
+              } else {
+                auto p = co_await sem->scoped_acquire();
+              }
+              how.push_back("granted");
+            } catch (const sluice::system_error& e) {
+              how.push_back(e.code() == asio::error::operation_aborted ? "aborted" : e.what());
+            }
+          },
+          asio::detached);
+    callers.poll();
+    if (reached) {
+      limit_ctx.poll();
+      REQUIRE(sem->underlying().waiters() == 2);
+    }
+  }
+  drain(callers);
+  CHECK(how == std::vector<std::string>{"aborted", "aborted"});
+  CHECK(sem->underlying().waiters() == 0);
+}

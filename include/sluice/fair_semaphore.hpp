@@ -50,8 +50,8 @@ namespace sluice {
 ///   permit; `acquire` hands a permit granted to a coroutine cancelled before
 ///   it resumed on to the next waiter, and throws `operation_aborted`. A
 ///   coroutine whose cancellation was requested before it called `acquire` /
-///   `scoped_acquire` is refused at once (`operation_aborted`), even when a
-///   permit is free.
+///   `scoped_acquire` / `async_acquire` is refused at once
+///   (`operation_aborted`), even when a permit is free.
 /// - Memory: an entry per key that holds, waits or is among the last
 ///   `window` grants; a key's weight once set is kept.
 /// - Throws: `permits == 0`, `window == 0`, a weight that is not a finite
@@ -145,6 +145,9 @@ class fair_semaphore {
   auto async_acquire(Key key, CompletionToken&& token) {
     return asio::async_initiate<CompletionToken, void(error_code)>(
         [this](auto&& handler, Key k) {
+          // Cancelled before it called: refused before a free permit is taken
+          // for the key (the gate's own refusal would strand it there).
+          if (detail::refuse_cancelled(handler, ex_)) return;
           node_type* n = node_for(k);
           const bool free = take_free(n);
           if (free) {

@@ -4,6 +4,7 @@
 
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
+#include <sluice/detail/completion.hpp>
 #include <sluice/linger.hpp>
 #include <sluice/overloaded_error.hpp>
 #include <sluice/retry.hpp>
@@ -106,7 +107,9 @@ auto shed_permit_type() {
 /// - `max_wait`: a wait that lasts it is cancelled (the limit's own
 ///   cancellation: nothing taken) and the call fails with `overloaded_error`.
 /// - Per-Operation Cancellation: as the limit's wait; a cancelled wait leaves
-///   the count.
+///   the count. A caller whose cancellation was requested before it called
+///   (`throw_if_cancelled(false)`) throws `operation_aborted` at once, taking
+///   nothing, even when the limit is free.
 /// - `linger`: a call abandoned by a timeout or a cancellation keeps its
 ///   permit that long after it ended, held by a timer the layer owns
 ///   (`join()` awaits it); see `sluice::limits_layer` for why, and why the
@@ -188,6 +191,9 @@ class shed_layer {
   }
 
   asio::awaitable<hold> enter() {
+    // A caller cancelled before it called takes nothing, not even a free
+    // permit or rate start (the limit's try_acquire() would not refuse it).
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state, "sluice::shed");
     if (co_await try_now()) {
       admitted_.fetch_add(1, std::memory_order_relaxed);
       hold h;

@@ -109,7 +109,11 @@ namespace sluice {
 /// `io_context` of its own, destroyed while its call waits on the limit's
 /// strand): the caller's frame is destroyed with that loop, the wait on the
 /// strand is cancelled, and a grant made for it meanwhile is passed on as for
-/// a cancelled caller; nothing is posted into the dead loop.
+/// a cancelled caller; nothing is posted into the dead loop. The limit's loop
+/// may die first too, when `L` runs on the executor of an `io_context` of its
+/// own (an `asio::strand` must not outlive its context): callers from other
+/// loops whose calls were queued or waiting there resume on their own loops
+/// with `operation_aborted`, holding nothing.
 ///
 /// @code
 /// asio::io_context ctx;                                     // run by 4 threads

@@ -181,15 +181,33 @@ struct hop_return final
 // The strand coroutine's completion handler (runs on the strand): marks the
 // call finished and posts the caller's completion to the caller's executor.
 // If the caller's loop is gone, a successful call's result goes to `lost`
-// instead.
+// instead. Destroyed unrun (the strand's loop destroyed with the call queued
+// or waiting there: nothing was granted), it resumes the caller with
+// operation_aborted, so a caller on a live loop is not left unresumed.
 template <class R, class Handler, class Lost>
 struct hop_finish {
+  hop_finish(std::shared_ptr<hop_box<R>> b, std::shared_ptr<hop_return<R, Handler>> c, Lost l)
+      : box(std::move(b)), caller(std::move(c)), lost(std::move(l)) {}
+  hop_finish(hop_finish&&) = default;  // the moved-from one has no caller
+  hop_finish& operator=(hop_finish&&) = delete;
+  ~hop_finish() {
+    if (!caller) return;  // run, or moved from
+    box->finished = true;
+    try {
+      caller->resume(std::make_exception_ptr(system_error(asio::error::operation_aborted,
+                                                          "sluice::strand_bound: the loop ended")),
+                     box, lost);
+    } catch (...) {  // out of memory for the post: the caller is dropped with its hook
+    }
+  }
+
   std::shared_ptr<hop_box<R>> box;
   std::shared_ptr<hop_return<R, Handler>> caller;
   Lost lost;
   void operator()(std::exception_ptr e) {
+    const auto c = std::move(caller);
     box->finished = true;
-    if (caller->resume(e, box, lost) || e) return;
+    if (c->resume(e, box, lost) || e) return;
     hand_on(*box, lost);
   }
 };
@@ -229,8 +247,11 @@ struct hop_initiation {
     caller->watch();
     // Posted after the slot is armed: a forwarded cancellation reaches the
     // strand after the start (a strand runs what one thread posts in order).
-    asio::post(strand, [s = strand, box, caller = std::move(caller), make = std::move(make),
-                        fast = std::move(fast), lost = std::move(lost)]() mutable {
+    // The completion goes along from the start: if the post is dropped unrun
+    // (the strand's loop destroyed first), it resumes the caller aborted.
+    asio::post(strand, [s = strand, box,
+                        fin = hop_finish<R, H, Lost>(box, std::move(caller), std::move(lost)),
+                        make = std::move(make), fast = std::move(fast)]() mutable {
       // The fast path: done at once on the strand (no coroutine); an
       // exception of it goes to the caller, not out of the strand's run().
       std::exception_ptr error;
@@ -240,15 +261,13 @@ struct hop_initiation {
       } catch (...) {
         error = std::current_exception();
       }
-      using finish = hop_finish<R, H, Lost>;
       if (done || error) {
-        finish{box, std::move(caller), std::move(lost)}(error);
+        fin(error);
         return;
       }
       auto cs = box->signal.slot();
-      asio::co_spawn(
-          s, hop_body<R>(box, std::move(make)),
-          asio::bind_cancellation_slot(cs, finish{box, std::move(caller), std::move(lost)}));
+      asio::co_spawn(s, hop_body<R>(box, std::move(make)),
+                     asio::bind_cancellation_slot(cs, std::move(fin)));
     });
   }
 };
