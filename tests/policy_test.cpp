@@ -775,6 +775,21 @@ TEST_CASE("prometheus_text renders a limit and every layer of a policy, one grou
 
 // ---- threads ----------------------------------------------------------------
 
+namespace {
+
+// Runs `sessions` coroutines `session()`, each on its own strand of `ctx`,
+// with 4 threads running `ctx` until every one has ended.
+template <class Session>
+void on_four_threads(asio::io_context& ctx, std::size_t sessions, Session session) {
+  for (std::size_t s = 0; s < sessions; ++s)
+    asio::co_spawn(asio::make_strand(ctx), session, asio::detached);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { ctx.run(); });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
 TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
           "[policy][threads]") {
   constexpr std::size_t sessions = 64, calls = 20, cap_n = 4;
@@ -785,33 +800,25 @@ TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
       sluice::policy(sluice::shed(cap, {.max_waiting = 16}), sluice::limits(rps),
                      sluice::breaker({.failure_rate = 1.0, .window = 1000, .minimum_calls = 1000}));
   std::atomic<std::size_t> in_flight{0}, max_in_flight{0}, ok{0}, shed{0};
-  for (std::size_t s = 0; s < sessions; ++s) {
-    asio::co_spawn(
-        asio::make_strand(ctx),
-        [&]() -> asio::awaitable<void> {
-          for (std::size_t i = 0; i < calls; ++i) {
-            try {
-              co_await p([&]() -> asio::awaitable<int> {
-                const std::size_t n = in_flight.fetch_add(1) + 1;
-                std::size_t m = max_in_flight.load();
-                while (n > m && !max_in_flight.compare_exchange_weak(m, n)) {
-                }
-                asio::steady_timer t(co_await asio::this_coro::executor, 100us);
-                co_await t.async_wait(asio::use_awaitable);
-                in_flight.fetch_sub(1);
-                co_return 1;
-              });
-              ok.fetch_add(1);
-            } catch (const sluice::overloaded_error&) {
-              shed.fetch_add(1);
-            }
+  on_four_threads(ctx, sessions, [&]() -> asio::awaitable<void> {
+    for (std::size_t i = 0; i < calls; ++i) {
+      try {
+        co_await p([&]() -> asio::awaitable<int> {
+          const std::size_t n = in_flight.fetch_add(1) + 1;
+          std::size_t m = max_in_flight.load();
+          while (n > m && !max_in_flight.compare_exchange_weak(m, n)) {
           }
-        },
-        asio::detached);
-  }
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { ctx.run(); });
-  for (auto& t : threads) t.join();
+          asio::steady_timer t(co_await asio::this_coro::executor, 100us);
+          co_await t.async_wait(asio::use_awaitable);
+          in_flight.fetch_sub(1);
+          co_return 1;
+        });
+        ok.fetch_add(1);
+      } catch (const sluice::overloaded_error&) {
+        shed.fetch_add(1);
+      }
+    }
+  });
   CHECK(ok + shed == sessions * calls);
   CHECK(max_in_flight <= cap_n);
   const auto s = p.get<0>().stats();
@@ -820,6 +827,44 @@ TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
   CHECK(s.waiting == 0);
   CHECK(p.get<2>().stats().calls == ok);
   CHECK(cap.value() == cap_n);
+}
+
+TEST_CASE("one retry_budget shared by a policy's sessions on strands of a 4-thread io_context",
+          "[policy][threads]") {
+  constexpr std::size_t sessions = 32, calls = 20;
+  sluice::retry_budget budget{{.ratio = 0.5, .per = std::chrono::hours(1)}};
+  asio::io_context ctx{4};
+  auto p = sluice::policy(sluice::retry_layer({.first = 0s,
+                                               .attempts = 2,
+                                               .retry_if = [](const auto&) { return true; },
+                                               .budget = &budget}));
+  std::atomic<std::size_t> ok{0}, failed{0}, attempts{0};
+  on_four_threads(ctx, sessions, [&]() -> asio::awaitable<void> {
+    for (std::size_t i = 0; i < calls; ++i) {
+      bool first = true;
+      try {
+        co_await p([&]() -> asio::awaitable<int> {
+          attempts.fetch_add(1);
+          if (std::exchange(first, false)) throw std::runtime_error("first attempt");
+          co_return 1;
+        });
+        ok.fetch_add(1);
+      } catch (const std::runtime_error&) {
+        failed.fetch_add(1);
+      }
+    }
+  });
+  // Every call failed once: the budget allowed a retry (which succeeded) or
+  // refused it, each decision counted once, never past half the firsts.
+  CHECK(ok + failed == sessions * calls);
+  CHECK(budget.first_attempts() == sessions * calls);
+  CHECK(budget.retried() == ok);
+  CHECK(budget.refused() == failed);
+  CHECK(budget.retries() == ok);
+  CHECK(ok <= sessions * calls / 2);
+  CHECK(ok >= sessions * calls / 2 - 1);  // each refusal left retries at half the firsts
+  CHECK(attempts == sessions * calls + ok);
+  CHECK(p.get<0>().retries() == ok);
 }
 
 // ---- docs/provider-limits.md ----------------------------------------------

@@ -53,7 +53,7 @@ namespace sluice {
 ///   when each of its layers is: `breaker` and `shed`'s counters are; a limit
 ///   is when it is (`shared_semaphore`, `strand_bound<L>`, the Redis limits);
 ///   `limits` is when its budgets are (`shared_semaphore`, `strand_bound<L>`);
-///   `retry_layer` with a `retry_budget` is loop-affine.
+///   `retry_layer` is, with or without a `retry_budget`.
 /// - Lifetimes: the policy must outlive its calls; the limits it names must
 ///   outlive the policy. `fn` is moved into the call frame and may be called
 ///   several times (by a retry).
