@@ -200,6 +200,66 @@ TEST_CASE("retry_layer passes the backoff's on_retry hook on and counts retries"
   CHECK(loop.now() == 3s);
 }
 
+TEST_CASE("a call's weight takes that many units of each weighted budget, 1 without a weight",
+          "[policy]") {
+  virtual_loop loop;
+  sluice::semaphore cap{8};
+  sluice::rate_limiter tpm{loop.get_executor(), 100, 1min};
+  auto p = sluice::policy(sluice::limits(cap, sluice::weighted(tpm)));
+  std::vector<ended> e(4);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto call = [&](std::size_t n) {
+      return [&, n] {
+        return p([] { return work(0s); }, sluice::weight(n));
+      };
+    };
+    auto unweighted = [&] {
+      return p([] { return work(0s); });
+    };
+    // 60 at 0 s; 50 does not fit until the 60 leave the window at 60 s, and
+    // 39 and the unweighted call (1) wait behind it in acquire_all's FIFO.
+    co_await sluice::gather(at(0s, call(60), e[0]), at(0s, call(50), e[1]), at(0s, call(39), e[2]),
+                            at(0s, unweighted, e[3]));
+  });
+  CHECK(e[0].at == 0s);
+  CHECK(e[1].at == 60s);
+  CHECK(e[2].at == 60s);
+  CHECK(e[3].at == 60s);
+  CHECK(tpm.stats().in_use == 90);
+  CHECK(cap.value() == 8);
+  CHECK(tpm.stats().acquired == 4);
+  // A weight the limiter could never grant: invalid_argument, nothing taken.
+  ended big;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await at(
+        0s, [&] { return p([] { return work(0s); }, sluice::weight(101)); }, big);
+  });
+  CHECK(big.is<std::invalid_argument>());
+  CHECK(tpm.stats().acquired == 4);
+  CHECK_THROWS_AS(sluice::weight(-1), std::invalid_argument);
+}
+
+TEST_CASE("a retry outside the weighted limits spends the call's weight again", "[policy]") {
+  virtual_loop loop;
+  sluice::rate_limiter tpm{loop.get_executor(), 100, 1min};
+  auto p = sluice::policy(sluice::retry_layer({.first = 0s, .attempts = 2}),
+                          sluice::limits(sluice::weighted(tpm)));
+  int attempts = 0;
+  const int v = loop.run([&]() -> asio::awaitable<int> {
+    co_return co_await p(
+        [&]() -> asio::awaitable<int> {
+          if (++attempts == 1) throw sluice::throttled_error("busy");
+          co_return attempts;
+        },
+        sluice::weight(60));
+  });
+  // The first attempt's 60 units stay in the window: the retry's 60 fit only
+  // when they leave it.
+  CHECK(v == 2);
+  CHECK(loop.now() == 60s);
+  CHECK(tpm.stats().acquired == 2);
+}
+
 TEST_CASE("async_call completes a callback with the result or the exception", "[policy]") {
   auto p = sluice::policy(sluice::timeout(1s));
   virtual_loop loop;
