@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -396,6 +397,122 @@ TEST_CASE("shed wraps a strand_bound limit: the try on the strand, then the boun
   CHECK(e[2].at == 0s);
   CHECK(e[2].is<sluice::overloaded_error>());
   CHECK(p.get<0>().stats().admitted == 2);
+}
+
+// ---- shed_options of the limits themselves -----------------------------------
+
+namespace {
+
+// The error a task ended with, if it was a shed: its Retry-After.
+template <class E>
+std::optional<ns> shed_after(const ended& e) {
+  try {
+    if (e.error) std::rethrow_exception(e.error);
+  } catch (const sluice::overloaded_error& x) {
+    return ns(x.after);
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("semaphore{ex, n, {.max_waiting}}: one waiter past the bound is shed at once",
+          "[policy][shed]") {
+  virtual_loop loop;
+  sluice::semaphore cap{loop.get_executor(), 1, {.max_waiting = 2, .retry_after = 3s}};
+  std::vector<ended> e(4);
+  std::size_t waiters_at_shed = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto call = [&]() -> asio::awaitable<void> {
+      auto p = co_await cap.scoped_acquire();
+      co_await sluice::sleep(1s);
+    };
+    auto fourth = [&]() -> asio::awaitable<void> {
+      waiters_at_shed = cap.waiters();
+      co_await call();
+    };
+    co_await sluice::gather(at(0s, call, e[0]), at(0s, call, e[1]), at(0s, call, e[2]),
+                            at(0s, fourth, e[3]));
+  });
+  CHECK(waiters_at_shed == 2);
+  CHECK(e[0].at == 1s);
+  CHECK(e[1].at == 2s);
+  CHECK(e[2].at == 3s);
+  CHECK(e[3].at == 0s);
+  CHECK(shed_after<void>(e[3]) == ns(3s));
+  const auto s = cap.stats();
+  CHECK(s.shed == 1);
+  CHECK(s.acquired == 3);
+  CHECK(s.cancelled == 0);
+  CHECK(cap.value() == 1);
+  CHECK(cap.max_waiters() == 2);  // the shed caller never queued
+}
+
+TEST_CASE("bounded_semaphore{.max_wait}: a waiter leaves at its deadline, the next keeps its turn",
+          "[policy][shed]") {
+  virtual_loop loop;
+  sluice::bounded_semaphore cap{loop.get_executor(), 1, {.max_wait = 1500ms}};
+  std::vector<ended> e(4);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto hold = [&](ns d) {
+      return [&, d]() -> asio::awaitable<void> {
+        co_await cap.acquire();
+        co_await sluice::sleep(d);
+        cap.release();
+      };
+    };
+    // 0 holds 2 s; 1 (from 0 s) reaches 1.5 s first and leaves; 2 (from
+    // 1 s, deadline 2.5 s) is granted at 2 s; 3 (from 1.2 s) leaves at 2.7 s.
+    co_await sluice::gather(at(0s, hold(2s), e[0]), at(0s, hold(1s), e[1]), at(1s, hold(1s), e[2]),
+                            at(1200ms, hold(1s), e[3]));
+  });
+  CHECK(e[0].at == 2s);
+  CHECK(e[1].at == 1500ms);
+  CHECK(shed_after<void>(e[1]) == ns(1s));  // the default Retry-After
+  CHECK(e[2].at == 3s);
+  CHECK(!e[2].error);
+  CHECK(e[3].at == 2700ms);
+  CHECK(e[3].is<sluice::overloaded_error>());
+  CHECK(cap.stats().shed == 2);
+  CHECK(cap.value() == 1);
+  CHECK(cap.waiters() == 0);
+}
+
+TEST_CASE("a limit's shed bound: pre-cancelled callers get operation_aborted, callbacks the code",
+          "[policy][shed]") {
+  virtual_loop loop;
+  sluice::semaphore cap{loop.get_executor(), 1, {.max_waiting = 0}};
+  sluice::error_code cb;
+  bool pre_cancelled_aborted = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await cap.acquire();
+    cap.async_acquire([&](sluice::error_code ec) { cb = ec; });  // full: shed through a post
+    // A caller whose cancellation was requested before it called is refused
+    // as cancelled, not shed (and takes nothing).
+    asio::cancellation_signal sig;
+    co_await asio::co_spawn(
+        co_await asio::this_coro::executor,
+        [&]() -> asio::awaitable<void> {
+          co_await asio::this_coro::throw_if_cancelled(false);
+          sig.emit(asio::cancellation_type::terminal);
+          try {
+            co_await cap.acquire();
+          } catch (const sluice::system_error& e) {
+            pre_cancelled_aborted = e.code() == asio::error::operation_aborted;
+          }
+        },
+        asio::bind_cancellation_slot(sig.slot(), asio::use_awaitable));
+    cap.release();
+  });
+  CHECK(cb == sluice::overloaded_code());
+  CHECK(pre_cancelled_aborted);
+  CHECK(cap.stats().shed == 1);
+  CHECK(cap.value() == 1);
+  CHECK_THROWS_AS(sluice::semaphore(asio::any_io_executor{}, 1, {.linger = 1s}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(sluice::semaphore(asio::any_io_executor{}, 1, {.max_wait = 0s}),
+                  std::invalid_argument);
 }
 
 // ---- circuit breaker --------------------------------------------------------

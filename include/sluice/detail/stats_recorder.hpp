@@ -181,6 +181,7 @@ class stats_clock {
   }
   [[nodiscard]] bool bound() const noexcept { return ctx_ != nullptr; }
   [[nodiscard]] bool is_virtual() const noexcept { return vclock_ != nullptr; }
+  [[nodiscard]] virtual_clock_service* virtual_clock() const noexcept { return vclock_; }
   [[nodiscard]] clock::time_point now() const noexcept {
     return vclock_ != nullptr ? vclock_->now() : clock::now();
   }
@@ -208,6 +209,7 @@ class stats_sink {
   std::uint64_t acquired = 0;
   std::uint64_t cancelled = 0;
   std::uint64_t throttled = 0;
+  std::uint64_t shed = 0;
   stats_clock clock;
 
   void record_wait(clock::duration d) noexcept {
@@ -238,6 +240,7 @@ class stats_sink {
     s.acquired = acquired;
     s.cancelled = cancelled;
     s.throttled = throttled;
+    s.shed = shed;
     s.waiting = waiting;
     s.in_use = in_use;
     s.limit = limit;
