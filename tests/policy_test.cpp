@@ -12,13 +12,17 @@
 #include <sluice/shed.hpp>
 #include <sluice/timeout_layer.hpp>
 
+#include <sluice/adaptive_limit.hpp>
 #include <sluice/gather.hpp>
+#include <sluice/keyed_rate_limiter.hpp>
+#include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/semaphore.hpp>
 #include <sluice/shared_semaphore.hpp>
 #include <sluice/strand_bound.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
+#include <sluice/token_bucket.hpp>
 
 #include <support/asio.hpp>
 
@@ -113,6 +117,29 @@ asio::awaitable<void> at(ns delay, F call, ended& out) {
     out.error = std::current_exception();
   }
   out.at = co_await vnow();
+}
+
+// Four callers of `call` (each holding a place of `cap`, a limit of 1 with
+// room for 2 waiters, for 1 s) at 0 s: three run one after another, the
+// fourth, which saw 2 waiting, is shed at once. Returns how each ended.
+template <class Limit, class Call>
+std::vector<ended> three_run_one_shed(virtual_loop& loop, Limit& cap, Call call) {
+  std::vector<ended> e(4);
+  std::size_t waiters_at_shed = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto fourth = [&]() -> asio::awaitable<void> {
+      waiters_at_shed = cap.waiters();
+      co_await call();
+    };
+    co_await sluice::gather(at(0s, call, e[0]), at(0s, call, e[1]), at(0s, call, e[2]),
+                            at(0s, fourth, e[3]));
+  });
+  CHECK(waiters_at_shed == 2);
+  CHECK(e[0].at == 1s);
+  CHECK(e[1].at == 2s);
+  CHECK(e[2].at == 3s);
+  CHECK(e[3].at == 0s);  // at once
+  return e;
 }
 
 }  // namespace
@@ -285,25 +312,9 @@ TEST_CASE("shed: past max_waiting a call fails at once with overloaded_error, no
           "[policy][shed]") {
   sluice::semaphore cap{1};
   auto p = sluice::policy(sluice::shed(cap, {.max_waiting = 2, .retry_after = 3s}));
-  std::vector<ended> e(4);
   virtual_loop loop;
-  std::size_t waiters_at_shed = 0;
-  loop.run([&]() -> asio::awaitable<void> {
-    auto call = [&] {
-      return p([] { return work(1s); });
-    };
-    auto fourth = [&]() -> asio::awaitable<int> {
-      waiters_at_shed = cap.waiters();
-      co_return co_await call();
-    };
-    co_await sluice::gather(at(0s, call, e[0]), at(0s, call, e[1]), at(0s, call, e[2]),
-                            at(0s, fourth, e[3]));
-  });
-  CHECK(waiters_at_shed == 2);
-  CHECK(e[0].at == 1s);
-  CHECK(e[1].at == 2s);
-  CHECK(e[2].at == 3s);
-  CHECK(e[3].at == 0s);  // at once
+  const auto e = three_run_one_shed(
+      loop, cap, [&]() -> asio::awaitable<void> { co_await p([] { return work(1s); }); });
   REQUIRE(e[3].is<sluice::overloaded_error>());
   try {
     std::rethrow_exception(e[3].error);
@@ -404,7 +415,6 @@ TEST_CASE("shed wraps a strand_bound limit: the try on the strand, then the boun
 namespace {
 
 // The error a task ended with, if it was a shed: its Retry-After.
-template <class E>
 std::optional<ns> shed_after(const ended& e) {
   try {
     if (e.error) std::rethrow_exception(e.error);
@@ -421,26 +431,11 @@ TEST_CASE("semaphore{ex, n, {.max_waiting}}: one waiter past the bound is shed a
           "[policy][shed]") {
   virtual_loop loop;
   sluice::semaphore cap{loop.get_executor(), 1, {.max_waiting = 2, .retry_after = 3s}};
-  std::vector<ended> e(4);
-  std::size_t waiters_at_shed = 0;
-  loop.run([&]() -> asio::awaitable<void> {
-    auto call = [&]() -> asio::awaitable<void> {
-      auto p = co_await cap.scoped_acquire();
-      co_await sluice::sleep(1s);
-    };
-    auto fourth = [&]() -> asio::awaitable<void> {
-      waiters_at_shed = cap.waiters();
-      co_await call();
-    };
-    co_await sluice::gather(at(0s, call, e[0]), at(0s, call, e[1]), at(0s, call, e[2]),
-                            at(0s, fourth, e[3]));
+  const auto e = three_run_one_shed(loop, cap, [&]() -> asio::awaitable<void> {
+    auto p = co_await cap.scoped_acquire();
+    co_await sluice::sleep(1s);
   });
-  CHECK(waiters_at_shed == 2);
-  CHECK(e[0].at == 1s);
-  CHECK(e[1].at == 2s);
-  CHECK(e[2].at == 3s);
-  CHECK(e[3].at == 0s);
-  CHECK(shed_after<void>(e[3]) == ns(3s));
+  CHECK(shed_after(e[3]) == ns(3s));
   const auto s = cap.stats();
   CHECK(s.shed == 1);
   CHECK(s.acquired == 3);
@@ -469,7 +464,7 @@ TEST_CASE("bounded_semaphore{.max_wait}: a waiter leaves at its deadline, the ne
   });
   CHECK(e[0].at == 2s);
   CHECK(e[1].at == 1500ms);
-  CHECK(shed_after<void>(e[1]) == ns(1s));  // the default Retry-After
+  CHECK(shed_after(e[1]) == ns(1s));  // the default Retry-After
   CHECK(e[2].at == 3s);
   CHECK(!e[2].error);
   CHECK(e[3].at == 2700ms);
@@ -513,6 +508,162 @@ TEST_CASE("a limit's shed bound: pre-cancelled callers get operation_aborted, ca
                   std::invalid_argument);
   CHECK_THROWS_AS(sluice::semaphore(asio::any_io_executor{}, 1, {.max_wait = 0s}),
                   std::invalid_argument);
+}
+
+TEST_CASE(
+    "rate_limiter{.max_waiting, .max_wait}: shed at once when the window says so, or at "
+    "the deadline",
+    "[policy][shed]") {
+  virtual_loop loop;
+  sluice::rate_limiter rps{loop.get_executor(), 1, 10s, {.max_wait = 5s, .retry_after = 7s}};
+  sluice::rate_limiter one_waiting{loop.get_executor(), 1, 1s, {.max_waiting = 1}};
+  std::vector<ended> e(4), w(3);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto start = [&] {
+      return rps.acquire();
+    };
+    auto start1 = [&] {
+      return one_waiting.acquire();
+    };
+    // A at 0 s. D at 1 s would wait until 10 s (9 s > 5 s): shed at once. B
+    // at 6 s waits 4 s. C at 7 s: 3 s at the head, but behind B its start is
+    // at 20 s: it leaves at its deadline, 12 s.
+    co_await sluice::gather(at(0s, start, e[0]), at(6s, start, e[1]), at(7s, start, e[2]),
+                            at(1s, start, e[3]), at(0s, start1, w[0]), at(0s, start1, w[1]),
+                            at(0s, start1, w[2]));
+  });
+  CHECK(e[0].at == 0s);
+  CHECK(e[1].at == 10s);
+  CHECK(!e[1].error);
+  CHECK(e[2].at == 12s);
+  CHECK(shed_after(e[2]) == ns(7s));
+  CHECK(e[3].at == 1s);
+  CHECK(shed_after(e[3]) == ns(7s));
+  CHECK(rps.stats().shed == 2);
+  CHECK(rps.stats().acquired == 2);
+  CHECK(rps.waiters() == 0);
+  CHECK(w[0].at == 0s);
+  CHECK(w[1].at == 1s);
+  CHECK(w[2].at == 0s);
+  CHECK(w[2].is<sluice::overloaded_error>());
+  CHECK(one_waiting.stats().shed == 1);
+  CHECK(one_waiting.stats().acquired == 2);
+}
+
+TEST_CASE("token_bucket{.max_wait}: a grant due at the very deadline wins; one later leaves then",
+          "[policy][shed]") {
+  virtual_loop loop;
+  sluice::token_bucket tb{loop.get_executor(), 1.0, 1, {.max_wait = 2s}};
+  std::vector<ended> e(4);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto take = [&] {
+      return tb.acquire();
+    };
+    co_await sluice::gather(at(0s, take, e[0]), at(0s, take, e[1]), at(0s, take, e[2]),
+                            at(0s, take, e[3]));
+  });
+  CHECK(e[0].at == 0s);
+  CHECK(e[1].at == 1s);
+  CHECK(e[2].at == 2s);
+  CHECK(!e[2].error);
+  CHECK(e[3].at == 2s);
+  CHECK(e[3].is<sluice::overloaded_error>());
+  CHECK(tb.stats().shed == 1);
+  CHECK(tb.stats().acquired == 3);
+}
+
+namespace {
+
+// Three callers of `take()` at 0 s on a limit of 1 place that holds it 1 s
+// (or a rate of 1 per second) with room for 1 waiter: the first runs at
+// once, the second at 1 s, the third is shed at once. Returns how each ended.
+template <class Take>
+std::vector<ended> two_run_one_shed(virtual_loop& loop, Take take) {
+  std::vector<ended> e(3);
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::gather(at(0s, take, e[0]), at(0s, take, e[1]), at(0s, take, e[2]));
+  });
+  CHECK(e[0].at == 1s);
+  CHECK(e[1].at == 2s);
+  CHECK(!e[1].error);
+  CHECK(e[2].at == 0s);
+  CHECK(shed_after(e[2]) == ns(2s));
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "every limit kind takes shed_options: one past max_waiting is shed at once, inside its "
+    "wait",
+    "[policy][shed]") {
+  const sluice::shed_options one{.max_waiting = 1, .retry_after = 2s};
+  const auto hold = [](auto /*permit, held 1 s*/) -> asio::awaitable<void> {
+    co_await sluice::sleep(1s);
+  };
+  SECTION("keyed_semaphore, per key") {
+    virtual_loop loop;
+    sluice::keyed_semaphore<std::string> per_user{loop.get_executor(), 1, one};
+    two_run_one_shed(loop, [&]() -> asio::awaitable<void> {
+      co_await hold(co_await per_user.scoped_acquire("alice"));
+    });
+    CHECK(per_user.stats().shed == 1);
+    CHECK(per_user.keys() == 0);
+  }
+  SECTION("keyed_rate_limiter, per key") {
+    virtual_loop loop;
+    sluice::keyed_rate_limiter<std::string> per_user{loop.get_executor(), 1, 1s, one};
+    two_run_one_shed(loop, [&]() -> asio::awaitable<void> {
+      co_await per_user.acquire("alice");
+      co_await sluice::sleep(1s);
+    });
+    CHECK(per_user.stats().shed == 1);
+  }
+  SECTION("adaptive_limit") {
+    virtual_loop loop;
+    sluice::adaptive_limit cap{loop.get_executor(),
+                               {.initial = 1, .min = 1, .max = 1, .shed = one}};
+    two_run_one_shed(
+        loop, [&]() -> asio::awaitable<void> { co_await hold(co_await cap.scoped_acquire()); });
+    CHECK(cap.stats().shed == 1);
+    CHECK(cap.in_flight() == 0);
+  }
+  SECTION("shared_semaphore") {
+    virtual_loop loop;
+    sluice::shared_semaphore cap{loop.get_executor(), 1, one};
+    two_run_one_shed(
+        loop, [&]() -> asio::awaitable<void> { co_await hold(co_await cap.scoped_acquire()); });
+    CHECK(cap.stats().shed == 1);
+    CHECK(cap.value() == 1);
+    CHECK_THROWS_AS(sluice::shared_semaphore(loop.get_executor(), 1, {.max_wait = 1s}),
+                    std::invalid_argument);
+  }
+  SECTION("strand_bound<semaphore>, the bound checked on the strand") {
+    virtual_loop loop;
+    sluice::strand_bound<sluice::semaphore> cap{asio::make_strand(loop.get_executor()), 1, one};
+    two_run_one_shed(
+        loop, [&]() -> asio::awaitable<void> { co_await hold(co_await cap.scoped_acquire()); });
+    CHECK(cap.underlying().stats().shed == 1);
+  }
+  SECTION("keyed_semaphore{.max_wait}: a key's waiter leaves at its deadline, other keys go on") {
+    virtual_loop loop;
+    sluice::keyed_semaphore<std::string> per_user{loop.get_executor(), 1, {.max_wait = 500ms}};
+    std::vector<ended> e(3);
+    loop.run([&]() -> asio::awaitable<void> {
+      auto take = [&](std::string key) {
+        return [&, key]() -> asio::awaitable<void> {
+          co_await hold(co_await per_user.scoped_acquire(key));
+        };
+      };
+      co_await sluice::gather(at(0s, take("a"), e[0]), at(0s, take("a"), e[1]),
+                              at(0s, take("b"), e[2]));
+    });
+    CHECK(e[0].at == 1s);
+    CHECK(e[1].at == 500ms);
+    CHECK(e[1].is<sluice::overloaded_error>());
+    CHECK(e[2].at == 1s);
+    CHECK(per_user.keys() == 0);
+  }
 }
 
 // ---- circuit breaker --------------------------------------------------------

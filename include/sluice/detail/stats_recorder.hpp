@@ -302,6 +302,7 @@ class shared_stats_sink {
 
   std::atomic<std::uint64_t> acquired{0};
   std::atomic<std::uint64_t> cancelled{0};
+  std::atomic<std::uint64_t> shed{0};
 
   void bind(const asio::any_io_executor& ex) {
     if (bound_.load(std::memory_order_acquire) || !ex) return;
@@ -346,6 +347,7 @@ class shared_stats_sink {
     const std::uint64_t timed = t != nullptr ? t->wait.count() : 0;
     s.acquired = acquired.load(std::memory_order_relaxed);
     s.cancelled = cancelled.load(std::memory_order_relaxed);
+    s.shed = shed.load(std::memory_order_relaxed);
     s.waiting = waiting;
     s.in_use = in_use;
     s.limit = limit;

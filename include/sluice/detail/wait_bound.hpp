@@ -50,10 +50,15 @@ class wait_bound {
         max_wait_(o.max_wait),
         retry_after_(o.retry_after),
         timer_(expire, context) {
+    check(o, who);
+  }
+
+  // Throws std::invalid_argument for options no limit takes.
+  static void check(const shed_options& o, const char* who) {
     if (o.linger != clock::duration::zero())
       throw std::invalid_argument(std::string(who) +
-                                  ": shed_options.linger is an option of the sluice::shed and "
-                                  "sluice::limits policy layers, not of a limit");
+                                  ": shed_options.linger is an option of the sluice::shed "
+                                  "policy layer, not of a limit");
     if (o.max_wait <= clock::duration::zero())
       throw std::invalid_argument(std::string(who) +
                                   ": shed_options.max_wait must be positive (max_waiting = 0 "
@@ -63,8 +68,8 @@ class wait_bound {
   // Null when `o` bounds nothing (the default shed_options).
   static std::unique_ptr<wait_bound> make(const shed_options& o, const char* who,
                                           void (*expire)(void*), void* context) {
-    if (o.max_waiting == shed_options{}.max_waiting && o.max_wait == clock::duration::max() &&
-        o.linger == clock::duration::zero())
+    check(o, who);
+    if (o.max_waiting == shed_options{}.max_waiting && o.max_wait == clock::duration::max())
       return nullptr;
     return std::make_unique<wait_bound>(o, who, expire, context);
   }
