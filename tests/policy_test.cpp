@@ -852,6 +852,44 @@ TEST_CASE("breaker: a cancelled trial is not recorded and gives its place back",
   CHECK(p.get<0>().stats().calls == 2);
 }
 
+TEST_CASE(
+    "breaker: an is_failure hook that throws ends the call with callback_error and frees "
+    "the trial",
+    "[policy][breaker]") {
+  // The hook throws for a std::domain_error; every other error is a failure.
+  auto p = sluice::policy(sluice::breaker({.window = 1,
+                                           .minimum_calls = 1,
+                                           .open_for = 1s,
+                                           .is_failure = [](const std::exception_ptr& e) {
+                                             try {
+                                               std::rethrow_exception(e);
+                                             } catch (const std::domain_error&) {
+                                               throw std::logic_error("hook");
+                                             } catch (...) {
+                                             }
+                                             return true;
+                                           }}));
+  virtual_loop loop;
+  bool nested_is_call_error = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await failing(p, 0s);  // opens it
+    co_await sluice::sleep(1s);
+    try {
+      co_await p([] { return work<std::domain_error>(0s); });  // the trial
+    } catch (const sluice::callback_error& e) {
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const std::domain_error&) {
+        nested_is_call_error = true;
+      }
+    }
+    CHECK(p.get<0>().state() == bs::half_open);
+    co_await p([] { return work(0s); });  // the trial's place is free: it closes
+    CHECK(p.get<0>().state() == bs::closed);
+  });
+  CHECK(nested_is_call_error);
+}
+
 TEST_CASE("breaker: bad options are refused at construction", "[policy][breaker]") {
   CHECK_THROWS_AS(sluice::breaker({.failure_rate = 0}), std::invalid_argument);
   CHECK_THROWS_AS(sluice::breaker({.slow_call_rate = 1.5}), std::invalid_argument);
