@@ -120,14 +120,13 @@ class shared_semaphore {
 
   /// Waits for a permit; does not suspend when one is free and nobody waits.
   /// Throws `system_error(operation_aborted)` when cancelled (holding
-  /// nothing).
+  /// nothing), `sluice::overloaded_error` past a `shed_options` bound.
   template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<void> acquire() {
     auto state = co_await asio::this_coro::cancellation_state;
     detail::refuse_if_cancelled(state, "sluice::shared_semaphore::acquire");
     if (core_.try_acquire()) co_return;
     detail::pending_grant grant;  // counted here: a cancelled wait is not a grant
-    bool shed = false;
     try {
       co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
           [this, &grant](auto&& handler) {
@@ -136,10 +135,9 @@ class shared_semaphore {
           },
           asio::use_awaitable_t<>{});
     } catch (const system_error& e) {
-      if (e.code() != overloaded_code()) throw;
-      shed = true;  // past shed_options.max_waiting: never queued
+      if (e.code() == overloaded_code()) throw overloaded_error(retry_after_);  // never queued
+      throw;
     }
-    if (shed) throw overloaded_error(retry_after_);
     if (state.cancelled() != asio::cancellation_type::none) {
       core_.stats_sink().cancelled.fetch_add(1, std::memory_order_relaxed);
       core_.release();  // granted after the cancellation: pass it on

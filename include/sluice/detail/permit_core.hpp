@@ -116,9 +116,7 @@ class permit_core {
       stats_->clock.bind(stats_executor(hex));
       since = stats_->clock.now();
       if (shed_ && cancellable && shed_->full(waiters_.size()) && !cancel_requested(handler)) {
-        ++stats_->shed;  // not queued, nothing taken
-        complete_at_once<timed_wait, deliver_nothing>(std::forward<Handler>(handler), ex_, name_,
-                                                      overloaded_code(), since, pending);
+        shed_now(std::forward<Handler>(handler), since, pending);
         return wait_start::refused;
       }
     }
@@ -164,16 +162,10 @@ class permit_core {
     refuse_if_cancelled(state, name_);
     if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
-    clock::duration after{};  // read now: a shed waiter resumes holding nothing of this core
-    if (shed_) {
-      if (shed_->full(waiters_.size())) {
-        ++stats_->shed;
-        throw shed_->error("too many waiting");
-      }
-      after = shed_->retry_after();
-    }
     pending_grant grant;
-    bool waited_too_long = false;
+    // Read before the wait: a keyed_semaphore may free this core before a
+    // shed waiter resumes.
+    const clock::duration after = shed_ ? shed_->retry_after() : clock::duration{};
     try {
       co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
           [self = this, &grant](auto&& handler) {  // not `this`: clang 14 calls it unused
@@ -181,10 +173,9 @@ class permit_core {
           },
           asio::use_awaitable_t<>{});
     } catch (const system_error& e) {
-      if (e.code() != overloaded_code()) throw;
-      waited_too_long = true;  // taken out at max_wait (counted in stats().shed)
+      if (e.code() == overloaded_code()) throw_overloaded(after);  // holding nothing
+      throw;
     }
-    if (waited_too_long) throw overloaded_error(after, "waited max_wait");
     if (state.cancelled() != asio::cancellation_type::none) {
       ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
       hand_on();
@@ -244,6 +235,16 @@ class permit_core {
   [[nodiscard]] affinity& checker() noexcept { return affinity_; }
 
  private:
+  // A waiter past max_waiting: completed at once with overloaded_code(),
+  // never queued. Out of line: initiate stays as small as without a bound.
+  template <class Handler>
+  [[gnu::noinline]] void shed_now(Handler&& handler, clock::time_point since,
+                                  pending_grant* pending) {
+    ++stats_->shed;  // not queued, nothing taken
+    complete_at_once<timed_wait, deliver_nothing>(std::forward<Handler>(handler), ex_, name_,
+                                                  overloaded_code(), since, pending);
+  }
+
   static void on_cancel(void* self) noexcept {
     auto* core = static_cast<permit_core*>(self);
     ++core->stats_->cancelled;

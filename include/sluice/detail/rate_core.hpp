@@ -105,9 +105,7 @@ class rate_core {
     const auto now = clock_.now();
     const bool ready = waiters_.empty() && policy_.ready_at(n, now) <= now;
     if (!ready && shed_ && shed(n, now) && !cancel_requested(handler)) {
-      ++stats_->shed;  // not queued, nothing taken
-      complete_at_once<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_,
-                                           overloaded_code(), n, now, std::move(any), pending);
+      shed_now<Deliver>(std::forward<Handler>(handler), n, now, std::move(any), pending);
       return;
     }
     // Taken before the completion is posted, so that it carries the grant's key.
@@ -247,16 +245,15 @@ class rate_core {
     };
     const clock::duration after = shed_ ? shed_->retry_after() : clock::duration{};
     clock::time_point granted{};
-    bool refused = false;
     try {
       granted = co_await asio::async_initiate<const asio::use_awaitable_t<>&,
                                               void(error_code, clock::time_point)>(
           std::move(initiation), asio::use_awaitable_t<>{}, n);
     } catch (const system_error& e) {
-      if (e.code() != overloaded_code()) throw;
-      refused = true;  // refused or taken out by shed_options (counted in stats().shed)
+      if (e.code() == overloaded_code())
+        throw_overloaded(after);  // refused or taken out: holds nothing
+      throw;
     }
-    if (refused) throw overloaded_error(after, "shed_options refused the wait");
     if (state.cancelled() != asio::cancellation_type::none) {
       if (*alive) {
         ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
@@ -305,6 +302,16 @@ class rate_core {
     }
     timer_.disarm();
     if (shed_) shed_->idle();
+  }
+
+  // A waiter refused by the bound: completed at once with
+  // overloaded_code(), never queued. Out of line, as permit_core's.
+  template <class Deliver, class Handler>
+  [[gnu::noinline]] void shed_now(Handler&& handler, std::size_t n, clock::time_point now,
+                                  asio::any_io_executor any, pending_grant* pending) {
+    ++stats_->shed;  // not queued, nothing taken
+    complete_at_once<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_,
+                                         overloaded_code(), n, now, std::move(any), pending);
   }
 
   // True when a new waiter for n units must be shed: past max_waiting, or

@@ -36,6 +36,12 @@ void complete_at_once(Handler&& handler, const asio::any_io_executor& fallback, 
       ->complete(ec);
 }
 
+// The exception of a coroutine whose wait a bound refused (the completion
+// was overloaded_code()). Out of line: the wait paths stay small.
+[[noreturn, gnu::noinline]] inline void throw_overloaded(clock::duration after) {
+  throw overloaded_error(after, "shed_options refused the wait");
+}
+
 // Invariants: every waiter of the list it bounds waits since an instant no
 // later than the one behind it (FIFO), so the head's deadline is the
 // earliest; the timer is armed (for the head's deadline or an earlier one)
@@ -85,9 +91,10 @@ class wait_bound {
   }
 
   // A waiter that began at `since` on `ex` was queued; `alone`: it is the
-  // only one (the timer is not armed).
-  void queued(bool alone, clock::time_point since, virtual_clock_service* v,
-              const asio::any_io_executor& ex) {
+  // only one (the timer is not armed). Out of line: the wait paths of limits
+  // without a bound stay as small as they were.
+  [[gnu::noinline]] void queued(bool alone, clock::time_point since, virtual_clock_service* v,
+                                const asio::any_io_executor& ex) {
     if (!timed()) return;
     vclock_ = v;
     ex_ = ex;
@@ -115,10 +122,6 @@ class wait_bound {
   void idle() noexcept {
     timer_.disarm();
     ex_ = {};
-  }
-
-  [[nodiscard]] overloaded_error error(const char* why) const {
-    return overloaded_error(retry_after_, why);
   }
 
  private:
