@@ -33,6 +33,8 @@
 #                time, exact): build/adaptive/table.md, docs/adaptive_limit.{png,svg}
 #   make fanout-docs  the noisy-tenant and per-host crawl tables in docs/fanout.md (examples
 #                noisy_tenant and crawler --hosts, virtual time, exact)
+#   make policy-docs  the hedging and overload tables of docs/provider-limits.md "Call policies"
+#                and the plot docs/hedging.{png,svg} (examples/call_policies, virtual time, exact)
 #   make docs    README.md, docs/*.md and the API reference (Doxygen) as one site under
 #                build/docs/html; fails on any warning or on a broken link (tests/docs/check_docs.py)
 #   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
@@ -60,7 +62,7 @@ TSAN_FLAGS = -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-o
 # Every test that starts a thread (ThreadSanitizer sees nothing in a test that has one).
 TSAN_TESTS = to_thread shared_semaphore affinity strand_bound strand_bound_review acquire_all stats keyed_semaphore rate_limiter asyncio_guide docs_snippets policy
 
-.PHONY: bench-peers compile-bench deps demo fleet-demo test test-gcc test-clang test-plain test-clang-asio test-boost asan tsan bench bench-docs bench-boost adaptive-docs fanout-docs docs fuzz fuzz-ci fuzz-build clean
+.PHONY: bench-peers compile-bench deps demo fleet-demo test test-gcc test-clang test-plain test-clang-asio test-boost asan tsan bench bench-docs bench-boost adaptive-docs fanout-docs policy-docs docs fuzz fuzz-ci fuzz-build clean
 
 deps:
 	@missing=$$(for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -147,11 +149,14 @@ adaptive-docs: deps
 	build/adaptive/examples/adaptive_limits --csv build/adaptive/limits.csv | tee build/adaptive/table.md
 	$(PYTHON) examples/adaptive_limits_plot.py build/adaptive/limits.csv docs/adaptive_limit
 
-# Replaces what docs/fanout.md holds between <!-- begin NAME --> and <!-- end NAME --> by FILE.
+# Replaces what PAGE holds between <!-- begin NAME --> and <!-- end NAME --> by FILE:
+# $(call splice_doc,PAGE,NAME,FILE).
+define splice_doc
+	awk -v f=$(3) 'index($$0, "<!-- begin $(2) -->") { print; while ((getline l < f) > 0) print l; skip = 1; next } \
+	  index($$0, "<!-- end $(2) -->") { skip = 0 } !skip' $(1) >$(1).new && mv $(1).new $(1)
+endef
 define splice_fanout
-	awk -v f=$(2) 'index($$0, "<!-- begin $(1) -->") { print; while ((getline l < f) > 0) print l; skip = 1; next } \
-	  index($$0, "<!-- end $(1) -->") { skip = 0 } !skip' docs/fanout.md >build/fanout/fanout.md && \
-	  mv build/fanout/fanout.md docs/fanout.md
+	$(call splice_doc,docs/fanout.md,$(1),$(2))
 endef
 
 fanout-docs: deps
@@ -161,6 +166,15 @@ fanout-docs: deps
 	(echo '```text'; build/fanout/examples/crawler --hosts | tail -n +2; echo '```') | tee build/fanout/crawler.md
 	$(call splice_fanout,noisy_tenant,build/fanout/noisy_tenant.md)
 	$(call splice_fanout,crawler,build/fanout/crawler.md)
+
+policy-docs: deps
+	$(call configure,policy,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF)
+	cmake --build build/policy -j$(JOBS) --target call_policies
+	build/policy/examples/call_policies --table hedge --csv build/policy/latency.csv | tee build/policy/hedge.md
+	build/policy/examples/call_policies --table overload | tee build/policy/overload.md
+	$(PYTHON) examples/call_policies_plot.py build/policy/latency.csv docs/hedging
+	$(call splice_doc,docs/provider-limits.md,hedge,build/policy/hedge.md)
+	$(call splice_doc,docs/provider-limits.md,overload,build/policy/overload.md)
 
 bench-boost: deps
 	$(call configure,bench-boost,g++,-DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_EXAMPLES=OFF -DSLUICE_USE_BOOST_ASIO=ON)

@@ -43,10 +43,7 @@
 #include <sluice/redis/semaphore.hpp>
 #endif
 
-#include <boost/asio/redirect_error.hpp>
-#include <boost/asio/signal_set.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
+#include "support/http_server.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -61,9 +58,7 @@
 
 namespace {
 
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = asio::ip::tcp;
+namespace http = boost::beast::http;
 using namespace std::chrono_literals;
 
 // The limits of the workload, each exported under its name.
@@ -178,29 +173,18 @@ asio::awaitable<void> workload(limits& l, sluice::testing::slow_service& api) {
   for (int i = 0; i < 5; ++i) (void)l.burst.try_acquire();  // 3 fit in the burst
 }
 
-// One HTTP/1.1 connection: GET /metrics, until the client closes.
-asio::awaitable<void> session(tcp::socket socket, const std::vector<exported>& limits) {
-  beast::tcp_stream stream(std::move(socket));
-  beast::flat_buffer buffer;
-  for (;;) {
-    http::request<http::string_body> req;
-    beast::error_code ec;
-    co_await http::async_read(stream, buffer, req, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return;  // closed, or not HTTP
-    http::response<http::string_body> res{http::status::ok, req.version()};
-    if (req.method() == http::verb::get && req.target() == "/metrics") {
-      res.set(http::field::content_type, "text/plain; version=0.0.4");
-      res.body() = prometheus(limits);
-    } else {
-      res.result(http::status::not_found);
-      res.set(http::field::content_type, "text/plain");
-      res.body() = "GET /metrics\n";
-    }
-    res.keep_alive(req.keep_alive());
-    res.prepare_payload();
-    co_await http::async_write(stream, res, asio::redirect_error(asio::use_awaitable, ec));
-    if (ec || !res.keep_alive()) co_return;
+// GET /metrics: every exported limit's stats; anything else is a 404.
+asio::awaitable<sluice_examples::http_response> answer(const sluice_examples::http_request& req,
+                                                       const std::vector<exported>& limits) {
+  sluice_examples::http_response res{http::status::ok, req.version()};
+  if (req.method() == http::verb::get && req.target() == "/metrics") {
+    res.set(http::field::content_type, "text/plain; version=0.0.4");
+    res.body() = prometheus(limits);
+  } else {
+    res.result(http::status::not_found);
+    res.body() = "GET /metrics\n";
   }
+  co_return res;
 }
 
 #ifdef SLUICE_EXAMPLE_WITH_REDIS
@@ -244,16 +228,6 @@ asio::awaitable<void> fleet_workload(unsigned short redis_port, std::unique_ptr<
   for (int i = 0; i < 5; ++i) (void)co_await f->rpm.try_acquire();  // 3 fit in the hour
 }
 #endif
-
-asio::awaitable<void> serve(tcp::acceptor& acceptor, const std::vector<exported>& limits) {
-  for (;;) {
-    beast::error_code ec;
-    tcp::socket socket =
-        co_await acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return;  // the acceptor was closed: shutting down
-    asio::co_spawn(acceptor.get_executor(), session(std::move(socket), limits), asio::detached);
-  }
-}
 
 // --virtual: the workload in virtual time, its metrics checked value by value.
 int run_virtual() {
@@ -309,10 +283,11 @@ int run_real(unsigned short port, double scale, [[maybe_unused]] unsigned short 
   auto exported_limits = registry(l);
   sluice::testing::slow_service api(
       {.latency = sluice::testing::latency::fixed(100ms), .time_scale = scale});
-  tcp::acceptor acceptor(ctx, {asio::ip::make_address("127.0.0.1"), port});
-  std::cout << "metrics_endpoint: listening on http://127.0.0.1:"
-            << acceptor.local_endpoint().port() << "/metrics" << std::endl;
-  asio::co_spawn(ctx, serve(acceptor, exported_limits), asio::detached);
+  sluice_examples::http_server server(ctx, port, [&](const sluice_examples::http_request& req) {
+    return answer(req, exported_limits);
+  });
+  std::cout << "metrics_endpoint: listening on http://127.0.0.1:" << server.port() << "/metrics"
+            << std::endl;
 #ifdef SLUICE_EXAMPLE_WITH_REDIS
   std::unique_ptr<fleet_limits> fleet;  // destroyed before ctx
 #endif
@@ -326,9 +301,7 @@ int run_real(unsigned short port, double scale, [[maybe_unused]] unsigned short 
     if (e) std::rethrow_exception(e);
     std::cout << "metrics_endpoint: workload done" << std::endl;
   });
-  asio::signal_set signals(ctx, SIGINT, SIGTERM);
-  signals.async_wait([&](beast::error_code, int) {
-    acceptor.close();
+  server.stop_on_signals([&] {
 #ifdef SLUICE_EXAMPLE_WITH_REDIS
     if (fleet) {
       asio::co_spawn(ctx, fleet->close(), [&](std::exception_ptr) { ctx.stop(); });
@@ -337,7 +310,7 @@ int run_real(unsigned short port, double scale, [[maybe_unused]] unsigned short 
 #endif
     ctx.stop();
   });
-  ctx.run();
+  server.run(1);
   return 0;
 }
 

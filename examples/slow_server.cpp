@@ -6,9 +6,10 @@
 // demo does. Point examples/fanout_client at it.
 //
 //   slow_server [--port 7777] [--throttle-above N] [--throttle-per-key N]
-//               [--quota N --window-ms W]
+//               [--quota N --window-ms W] [--slower K]
 //               serves until Ctrl-C, then prints its statistics; --quota: at
-//               most N requests arriving in any W ms (a published rate quota)
+//               most N requests arriving in any W ms (a published rate quota);
+//               --slower: every latency K times as long
 //   slow_server --virtual
 //               a short self-contained run: a free port, 40 requests over 3
 //               keys from an in-process client, the collision log, the stats
@@ -90,6 +91,11 @@ int main(int argc, char** argv) try {
     if (a == "--throttle-per-key") o.throttle_per_key = std::strtoul(argv[++i], nullptr, 10);
     if (a == "--quota") o.calls_per_window = std::strtoul(argv[++i], nullptr, 10);
     if (a == "--window-ms") o.window = std::chrono::milliseconds(std::atol(argv[++i]));
+    if (a == "--slower") {
+      o.latency = [k = std::atol(argv[++i])](std::string_view key, std::size_t index) {
+        return latency(key, index) * k;
+      };
+    }
   }
   asio::io_context ctx;
   sluice_examples::slow_server srv(ctx, o, port);

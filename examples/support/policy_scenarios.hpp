@@ -63,8 +63,9 @@ inline sluice::testing::latency_model heavy_tail() {
 /// One run of the tail scenario: request latencies, and calls.
 struct tail_result {
   ns p50, p95, p99, max;
-  std::size_t calls;     ///< calls made (requests x fan-out)
-  std::size_t provider;  ///< calls the provider served (attempts, hedges included)
+  std::size_t calls;        ///< calls made (requests x fan-out)
+  std::size_t provider;     ///< calls the provider served (attempts, hedges included)
+  std::vector<ns> latency;  ///< every request's latency, in request order
   double extra() const {
     return static_cast<double>(provider - calls) / static_cast<double>(calls);
   }
@@ -86,8 +87,13 @@ inline tail_result run_tail(bool hedged, double budget = 0.05) {
       latency.push_back(loop.now() - start);
     }
   });
-  return {quantile(latency, 0.5), quantile(latency, 0.95), quantile(latency, 0.99),
-          quantile(latency, 1.0), tail_requests * fan_out, api.calls()};
+  return {quantile(latency, 0.5),
+          quantile(latency, 0.95),
+          quantile(latency, 0.99),
+          quantile(latency, 1.0),
+          tail_requests * fan_out,
+          api.calls(),
+          latency};
 }
 
 // ---- overload -----------------------------------------------------------------

@@ -12,7 +12,11 @@
 //               ->  THROTTLED <key>      at once, beyond the provider's limits
 //                                        (in flight, per key, or a sliding-window
 //                                        quota counted when the request arrives)
+//               ->  ERROR <key>          at once, while the provider is failing
+//   FAIL 1      ->  OK FAIL 1            from now on every GET fails (an outage)
+//   FAIL 0      ->  OK FAIL 0            and from now on it serves again
 //   STATS       ->  STATS requests=<n> ok=<n> throttled=<n> max_concurrent=<n> collisions=<n>
+//                   failed=<n>
 // A "collision" is a request for a key that arrives while another request for
 // the same key is in flight; with a log stream the server prints one line per
 // collision ("[collision] key=... in flight=2"), as pynenc's demo does.
@@ -56,7 +60,7 @@ struct server_options {
 
 struct server_stats {
   std::size_t requests = 0, ok = 0, throttled = 0, concurrent = 0, max_concurrent = 0,
-              collisions = 0;
+              collisions = 0, failed = 0;
   std::map<std::string, std::size_t> max_per_key;
 };
 
@@ -79,7 +83,7 @@ class slow_server {
     std::ostringstream o;
     o << "STATS requests=" << stats_.requests << " ok=" << stats_.ok
       << " throttled=" << stats_.throttled << " max_concurrent=" << stats_.max_concurrent
-      << " collisions=" << stats_.collisions;
+      << " collisions=" << stats_.collisions << " failed=" << stats_.failed;
     return o.str();
   }
 
@@ -114,6 +118,10 @@ class slow_server {
 
   asio::awaitable<std::string> handle(const std::string& line) {
     if (line == "STATS") co_return stats_line();
+    if (line == "FAIL 1" || line == "FAIL 0") {
+      failing_ = line.back() == '1';
+      co_return "OK " + line;
+    }
     if (line.rfind("GET ", 0) != 0) co_return "ERR bad request";
     const std::string key = line.substr(4);
     const std::size_t index = stats_.requests++;
@@ -131,6 +139,9 @@ class slow_server {
         (opt_.throttle_per_key > 0 && for_key > opt_.throttle_per_key) || over_quota()) {
       ++stats_.throttled;
       reply = "THROTTLED " + key;
+    } else if (failing_) {
+      ++stats_.failed;
+      reply = "ERROR " + key;
     } else {
       const auto d = opt_.latency(key, index);
       asio::steady_timer t(co_await asio::this_coro::executor, d);
@@ -160,6 +171,7 @@ class slow_server {
   std::deque<std::chrono::steady_clock::time_point> admitted_;
   asio::ip::tcp::acceptor acceptor_;
   server_stats stats_;
+  bool failing_ = false;
   std::map<std::string, std::size_t> in_flight_;
 };
 

@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -48,17 +47,13 @@ class breaker_open_error : public std::runtime_error {
   /// `retry_in`: time until the breaker lets a trial call through (zero while
   /// the trial calls of the half-open state run).
   explicit breaker_open_error(clock::duration retry_in)
-      : std::runtime_error(message(retry_in)), retry_in_(retry_in) {}
+      : std::runtime_error(
+            detail::seconds_message("sluice: circuit breaker open; next trial in", retry_in)),
+        retry_in_(retry_in) {}
   /// Time until the next trial call passes, as of the refusal.
   [[nodiscard]] clock::duration retry_in() const noexcept { return retry_in_; }
 
  private:
-  static std::string message(clock::duration d) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "sluice: circuit breaker open; next trial in %.3f s",
-                  std::chrono::duration<double>(d).count());
-    return buf;
-  }
   clock::duration retry_in_;
 };
 

@@ -56,6 +56,7 @@
 // Call policies: the layers around a provider call, composed in one value
 #include <sluice/breaker.hpp>
 #include <sluice/hedge.hpp>
+#include <sluice/http_status.hpp>
 #include <sluice/limits.hpp>
 #include <sluice/linger.hpp>
 #include <sluice/overloaded_error.hpp>

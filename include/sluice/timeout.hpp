@@ -30,6 +30,18 @@
 
 namespace sluice {
 
+namespace detail {
+
+// "<what> <d> s", d in seconds with three decimals: the message of every
+// sluice error that carries a duration (timeout_error, breaker_open_error).
+inline std::string seconds_message(const char* what, clock::duration d) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "%s %.3f s", what, std::chrono::duration<double>(d).count());
+  return buf;
+}
+
+}  // namespace detail
+
 /// Thrown by `with_timeout` when its own deadline passed, and stored in the
 /// `outcome` of every slot a `deadline` left unfinished.
 ///
@@ -41,18 +53,13 @@ class timeout_error : public std::runtime_error {
  public:
   /// A timeout after `limit`; the message states it in seconds.
   explicit timeout_error(clock::duration limit)
-      : std::runtime_error(message(limit)), limit_(limit) {}
+      : std::runtime_error(detail::seconds_message("sluice: timed out after", limit)),
+        limit_(limit) {}
 
   /// The time limit that passed.
   [[nodiscard]] clock::duration limit() const noexcept { return limit_; }
 
  private:
-  static std::string message(clock::duration limit) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "sluice: timed out after %.3f s",
-                  std::chrono::duration<double>(limit).count());
-    return buf;
-  }
   clock::duration limit_;
 };
 
