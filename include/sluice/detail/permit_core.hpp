@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/completion.hpp>
 #include <sluice/detail/stats_recorder.hpp>
 #include <sluice/detail/wait_bound.hpp>
 #include <sluice/detail/waiter_list.hpp>
@@ -116,7 +117,7 @@ class permit_core {
       stats_->clock.bind(stats_executor(hex));
       since = stats_->clock.now();
       if (shed_ && cancellable && shed_->full(waiters_.size()) && !cancel_requested(handler)) {
-        shed_now(std::forward<Handler>(handler), since, pending);
+        shed_now(std::forward<Handler>(handler));
         return wait_start::refused;
       }
     }
@@ -238,11 +239,10 @@ class permit_core {
   // A waiter past max_waiting: completed at once with overloaded_code(),
   // never queued. Out of line: initiate stays as small as without a bound.
   template <class Handler>
-  [[gnu::noinline]] void shed_now(Handler&& handler, clock::time_point since,
-                                  pending_grant* pending) {
+  [[gnu::noinline]] void shed_now(Handler&& handler) {
+    require_executor<std::decay_t<Handler>>(ex_, name_);
     ++stats_->shed;  // not queued, nothing taken
-    complete_at_once<timed_wait, deliver_nothing>(std::forward<Handler>(handler), ex_, name_,
-                                                  overloaded_code(), since, pending);
+    post_completion(std::forward<Handler>(handler), ex_, overloaded_code());
   }
 
   static void on_cancel(void* self) noexcept {

@@ -8,6 +8,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/completion.hpp>
 #include <sluice/detail/rate_clock.hpp>
 #include <sluice/detail/rate_policy.hpp>
 #include <sluice/detail/stats_recorder.hpp>
@@ -105,7 +106,7 @@ class rate_core {
     const auto now = clock_.now();
     const bool ready = waiters_.empty() && policy_.ready_at(n, now) <= now;
     if (!ready && shed_ && shed(n, now) && !cancel_requested(handler)) {
-      shed_now<Deliver>(std::forward<Handler>(handler), n, now, std::move(any), pending);
+      shed_now<Deliver>(std::forward<Handler>(handler), now);
       return;
     }
     // Taken before the completion is posted, so that it carries the grant's key.
@@ -307,11 +308,14 @@ class rate_core {
   // A waiter refused by the bound: completed at once with
   // overloaded_code(), never queued. Out of line, as permit_core's.
   template <class Deliver, class Handler>
-  [[gnu::noinline]] void shed_now(Handler&& handler, std::size_t n, clock::time_point now,
-                                  asio::any_io_executor any, pending_grant* pending) {
+  [[gnu::noinline]] void shed_now(Handler&& handler, clock::time_point now) {
+    require_executor<std::decay_t<Handler>>(ex_, name_);
     ++stats_->shed;  // not queued, nothing taken
-    complete_at_once<rate_wait, Deliver>(std::forward<Handler>(handler), ex_, name_,
-                                         overloaded_code(), n, now, std::move(any), pending);
+    if constexpr (std::is_same_v<Deliver, deliver_nothing>) {
+      post_completion(std::forward<Handler>(handler), ex_, overloaded_code());
+    } else {
+      post_completion(std::forward<Handler>(handler), ex_, overloaded_code(), now);
+    }
   }
 
   // True when a new waiter for n units must be shed: past max_waiting, or

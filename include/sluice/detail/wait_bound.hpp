@@ -25,17 +25,6 @@
 
 namespace sluice::detail {
 
-// Completes a wait at once (through a post) with `ec`, never queued: a
-// waiter refused by its limit's bound.
-template <class Node, class Deliver, class Handler, class... NodeArgs>
-void complete_at_once(Handler&& handler, const asio::any_io_executor& fallback, const char* what,
-                      error_code ec, NodeArgs&&... args) {
-  using op_type = handler_op<std::decay_t<Handler>, Node, Deliver>;
-  require_executor<std::decay_t<Handler>>(fallback, what);
-  op_type::create(std::forward<Handler>(handler), fallback, std::forward<NodeArgs>(args)...)
-      ->complete(ec);
-}
-
 // The exception of a coroutine whose wait a bound refused (the completion
 // was overloaded_code()). Out of line: the wait paths stay small.
 [[noreturn, gnu::noinline]] inline void throw_overloaded(clock::duration after) {
