@@ -930,6 +930,24 @@ TEST_CASE(
   CHECK(run(4s) == std::pair{ns(5s), std::size_t{0}});
 }
 
+TEST_CASE("linger: two joins waiting at once both complete when the last permit goes",
+          "[policy][linger]") {
+  sluice::semaphore cap{1};
+  auto p = sluice::policy(sluice::shed(cap, {.linger = 2s}), sluice::timeout(1s));
+  virtual_loop loop;
+  std::vector<ns> joined;
+  loop.run([&]() -> asio::awaitable<void> {
+    CHECK_THROWS_AS(co_await p([] { return work(5s); }), sluice::timeout_error);
+    auto join = [&]() -> asio::awaitable<void> {
+      co_await p.join();
+      joined.push_back(co_await vnow());
+    };
+    co_await sluice::gather(join(), join());
+  });
+  CHECK(joined == std::vector<ns>{3s, 3s});
+  CHECK(cap.value() == 1);
+}
+
 TEST_CASE("linger on shed: a cancelled caller's permit stays for the linger, join awaits it",
           "[policy][linger][shed]") {
   sluice::semaphore cap{1};
