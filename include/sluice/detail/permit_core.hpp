@@ -128,7 +128,7 @@ class permit_core {
       count_grant(*stats_, pending, false, {});
     } else if (started == wait_start::waiting && shed_) {
       shed_->queued(waiters_.size() == 1, since, stats_->clock.virtual_clock(),
-                    asio::any_io_executor(hex));
+                    stats_executor(hex) ? stats_executor(hex) : ex_);
     }
     return started;
   }

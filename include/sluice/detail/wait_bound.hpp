@@ -80,11 +80,13 @@ class wait_bound {
   }
 
   // A waiter that began at `since` on `ex` was queued; `alone`: it is the
-  // only one (the timer is not armed). Out of line: the wait paths of limits
-  // without a bound stay as small as they were.
+  // only one (the timer is not armed). `ex` empty (a use_future waiter on a
+  // limit without an executor) on the steady clock: nothing to run a timer
+  // on, so max_wait is not enforced until a waiter with one arrives alone. Out of line: the wait
+  // paths of limits without a bound stay as small as they were.
   [[gnu::noinline]] void queued(bool alone, clock::time_point since, virtual_clock_service* v,
                                 const asio::any_io_executor& ex) {
-    if (!timed()) return;
+    if (!timed() || (v == nullptr && !ex)) return;
     vclock_ = v;
     ex_ = ex;
     if (alone) timer_.arm(v, ex, deadline(since));
