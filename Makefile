@@ -37,7 +37,7 @@
 #                and the plot docs/hedging.{png,svg} (examples/call_policies, virtual time, exact)
 #   make docs    README.md, docs/*.md and the API reference (Doxygen) as one site under
 #                build/docs/html; fails on any warning or on a broken link (tests/docs/check_docs.py)
-#   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server
+#   make fleet-demo  4 client processes sharing one sluice::redis::semaphore{5} on a private redis-server, then an LLM account (redis::acquire_all)
 #                (FLEET_ARGS=--cluster: on a private 3-node Redis Cluster, resharded mid-run;
 #                FLEET_ARGS=--sentinel: through Redis Sentinel, the primary SIGKILLed mid-run)
 #   make fuzz    each libFuzzer target in tests/fuzz for FUZZ_SECONDS (default 60; clang)
@@ -60,7 +60,7 @@ ASAN_ENV   = ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 UBSAN_O
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
 TSAN_FLAGS = -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
 # Every test that starts a thread (ThreadSanitizer sees nothing in a test that has one).
-TSAN_TESTS = to_thread shared_semaphore affinity strand_bound strand_bound_review acquire_all stats keyed_semaphore rate_limiter asyncio_guide docs_snippets policy
+TSAN_TESTS = to_thread shared_semaphore affinity strand_bound strand_bound_review acquire_all stats keyed_semaphore rate_limiter asyncio_guide docs_snippets policy redis_acquire_all fair_limit
 
 .PHONY: bench-peers compile-bench deps demo fleet-demo test test-gcc test-clang test-plain test-clang-asio test-boost asan tsan bench bench-docs bench-boost adaptive-docs fanout-docs policy-docs docs fuzz fuzz-ci fuzz-build clean
 

@@ -50,7 +50,7 @@ LIMIT_BENCHES = ("rate_limiter_bench", "keyed_bench", "shared_semaphore_bench", 
 # names of primitives_bench (nested_co_await, semaphore_uncontended) with
 # their own floors, and a later binary must not replace primitives_bench's
 # numbers (the targets and the primitives table read those unprefixed).
-PREFIXED_ONLY = LIMIT_BENCHES + ("stats_bench", "strand_bound_bench")
+PREFIXED_ONLY = LIMIT_BENCHES + ("stats_bench", "strand_bound_bench", "fair_bench")
 
 
 def run_benchmarks(build, out, min_time, repetitions, prefix="", filters=None):

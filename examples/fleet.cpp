@@ -17,6 +17,11 @@
 //                      sluice::redis::connect_cluster; mid-run the slot of
 //                      {places-api} moves to another node (a resharding). The
 //                      provider's counters stay on the plain redis-server.
+//   fleet --llm        only the LLM shape (also run after the default run):
+//                      4 processes share an account's RPM + TPM + 8 in flight
+//                      through sluice::redis::acquire_all in front of a
+//                      slow_server that throttles past that quota
+//                      (support/redis_llm_fleet.hpp)
 //   fleet --sentinel   the shared cap through sluice::redis::connect_sentinel
 //                      on a primary + replica + 3 redis-sentinels it starts;
 //                      the primary is SIGKILLed mid-run, the fleet carries on
@@ -36,6 +41,7 @@
 #include <sluice/semaphore.hpp>
 
 #include "support/redis_cluster.hpp"
+#include "support/redis_llm_fleet.hpp"
 #include "support/redis_run.hpp"
 #include "support/redis_sentinel.hpp"
 #include "support/redis_server.hpp"
@@ -326,11 +332,12 @@ int main(int argc, char** argv) {
     if (it == sluice_examples::child_roles().end()) return 2;
     return it->second(std::vector<std::string>(argv + 3, argv + argc));
   }
-  bool fast = false, cluster_mode = false, sentinel = false;
+  bool fast = false, cluster_mode = false, sentinel = false, llm = false;
   for (int i = 1; i < argc; ++i) {
     fast = fast || std::strcmp(argv[i], "--virtual") == 0;
     cluster_mode = cluster_mode || std::strcmp(argv[i], "--cluster") == 0;
     sentinel = sentinel || std::strcmp(argv[i], "--sentinel") == 0;
+    llm = llm || std::strcmp(argv[i], "--llm") == 0;
   }
   const char* scale = fast ? "0.01" : "0.05";
   if (sentinel) return sentinel_demo(scale);
@@ -339,6 +346,7 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: could not start redis-server (Debian: apt-get install redis-server)\n");
     return sluice_examples::skip_exit_code;
   }
+  if (llm) return sluice_examples::llm_demo(server->port(), fast);
   auto cluster = cluster_mode ? sluice_examples::redis_cluster::start(3)
                               : std::optional<sluice_examples::redis_cluster>();
   if (cluster_mode) {
@@ -417,5 +425,8 @@ int main(int argc, char** argv) {
   const bool ok = local.ok && shared.ok && shared.max_in_flight == 5 && local.max_in_flight > 5 &&
                   distinct && tokens.size() == 4 * queries.size() && rejected == 0;
   if (!ok) std::printf("UNEXPECTED: the fleet-wide cap or the fencing did not hold\n");
-  return ok ? 0 : 1;
+  if (cluster) return ok ? 0 : 1;
+  std::printf("\n");  // the LLM shape: an account's RPM + TPM + in flight in one step
+  const int llm_status = sluice_examples::llm_demo(server->port(), fast);
+  return ok && llm_status == 0 ? 0 : 1;
 }

@@ -2,13 +2,17 @@
 #include <sluice/by_key.hpp>
 #include <sluice/for_each.hpp>
 #include <sluice/keyed_semaphore.hpp>
+#include <sluice/keyed_task_group.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
 
 #include <support/asio.hpp>
 
+#include <examples/support/crawl_scenario.hpp>
+
 #include <catch2/catch.hpp>
+#include <support/lazy_tasks.hpp>
 #include <support/recorded_input.hpp>
 
 #include <algorithm>
@@ -235,15 +239,322 @@ TEST_CASE("a cancelled consumer cancels the keyed tasks and loses nothing", "[by
   CHECK(t.cancelled == 1);  // the second a
 }
 
+TEST_CASE("most_waiting gives a free slot to the key with the most inputs waiting", "[by_key]") {
+  // a c d e b b b, limit 2, one per key. Oldest first, the b's start last and
+  // run one after another: 500 ms. most_waiting pulls ahead and starts the
+  // b's first, beside the others: 400 ms, the ideal (7 x 100 ms over 2
+  // slots, rounded up to whole tasks).
+  for (auto order : {sluice::key_order::oldest, sluice::key_order::most_waiting}) {
+    virtual_loop loop;
+    trace t;
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(
+          sluice::map_unordered([&](job j) { return work(loop, t, j); }, jobs("acdebbb", 100ms), 2,
+                                sluice::by_key(key_of, 1, {.buffer = 8, .order = order})),
+          [](int) {});
+    });
+    if (order == sluice::key_order::oldest) {
+      CHECK(loop.now() == 500ms);
+      CHECK(started(t, 4) == 200ms);
+    } else {
+      CHECK(loop.now() == 400ms);
+      CHECK(started(t, 4) == 0ms);    // the first b: its key has 3 waiting
+      CHECK(started(t, 0) == 0ms);    // a: the oldest among the keys with 1
+      CHECK(started(t, 5) == 100ms);  // the b's one after another (per-key FIFO)
+      CHECK(started(t, 2) == 200ms);  // at 200 ms b has one waiting as d and e: oldest first
+      CHECK(started(t, 3) == 200ms);
+      CHECK(started(t, 6) == 300ms);
+    }
+    CHECK(t.order['b'] == std::vector<int>{4, 5, 6});
+    CHECK(t.max_running['b'] == 1);
+  }
+}
+
+TEST_CASE("the per-host crawl by key reaches 90% of the ideal schedule", "[by_key]") {
+  // examples/crawler.cpp's part two (examples/support/crawl_scenario.hpp):
+  // 850 pages on 52 hosts, 8 at once, 2 per host, links found as pages are
+  // fetched. The ideal (a schedule that knows the site) takes 21.19 s.
+  namespace crawl = sluice_examples::crawl;
+  const double ideal = crawl::ideal_makespan_s();
+  CHECK(ideal == Approx(21.19).epsilon(0.001));
+  const auto busiest = crawl::run(crawl::mode::most_waiting);
+  const auto oldest = crawl::run(crawl::mode::oldest);
+  const auto plain = crawl::run(crawl::mode::keyed_semaphore);
+  for (const auto* r : {&busiest, &oldest, &plain}) {
+    CHECK(r->pages == crawl::total_pages());
+    CHECK(r->max_in_flight == crawl::limit);
+    CHECK(r->max_per_host == crawl::per_host);
+  }
+  CHECK(busiest.max_waiting <= crawl::buffer);
+  CHECK(oldest.max_waiting <= crawl::buffer);
+  CHECK(busiest.makespan == nanoseconds(21'371'000'000));  // 99% of the ideal
+  CHECK(oldest.makespan == nanoseconds(24'688'000'000));   // 86%: the largest host makes the tail
+  CHECK(plain.makespan == nanoseconds(35'549'000'000));    // 60%: head-of-line blocking
+  CHECK(busiest.makespan_s() <= ideal / 0.90);
+  const auto group = crawl::run(crawl::mode::group);  // keyed_task_group, most_waiting
+  CHECK(group.pages == crawl::total_pages());
+  CHECK(group.max_in_flight == crawl::limit);
+  CHECK(group.max_per_host == crawl::per_host);
+  CHECK(group.makespan == nanoseconds(21'310'000'000));  // 99%: every discovered page is seen
+  CHECK(group.max_waiting == 236);  // spawn never waits: every page found and not started
+}
+
+// ---- gather_with_concurrency by key ---------------------------------------
+
+TEST_CASE("gather_with_concurrency by key gives a slot to the oldest task whose key has room",
+          "[by_key]") {
+  // The first case's input as tasks, made lazily from the jobs; the key is a
+  // function of the task's index. Results in input order.
+  virtual_loop loop;
+  trace t;
+  const std::vector<job> in = jobs("aaaabc", 100ms);
+  std::vector<int> got;
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<int>> tasks;
+    for (auto& j : in) tasks.push_back(work(loop, t, j));
+    got = co_await sluice::gather_with_concurrency(
+        2, std::move(tasks), sluice::by_key([&](std::size_t i) { return in[i].key; }, 1));
+  });
+  CHECK(got == std::vector<int>{0, 1, 2, 3, 4, 5});
+  CHECK(loop.now() == 400ms);
+  CHECK(started(t, 4) == 0ms);
+  CHECK(started(t, 5) == 100ms);
+  CHECK(t.order['a'] == std::vector<int>{0, 1, 2, 3});
+  CHECK(t.max == 2);
+}
+
+TEST_CASE("gather_with_concurrency by key fails fast, settles with return_exceptions", "[by_key]") {
+  std::vector<job> in = jobs("aabbcc", 100ms);
+  in[2].took = 13ms;  // b fails at 13 ms
+  auto key = [&](std::size_t i) {
+    return in[i].key;
+  };
+  SECTION("fail fast: the running tasks are cancelled and awaited, the error rethrown") {
+    virtual_loop loop;
+    trace t;
+    std::string what;
+    loop.run([&]() -> asio::awaitable<void> {
+      std::vector<asio::awaitable<int>> tasks;
+      for (auto& j : in) tasks.push_back(work(loop, t, j));
+      try {
+        co_await sluice::gather_with_concurrency(3, std::move(tasks), sluice::by_key(key, 1));
+      } catch (const std::runtime_error& e) {
+        what = e.what();
+      }
+    });
+    CHECK(what == "job 2 failed");
+    CHECK(loop.now() == 13ms);
+    CHECK(t.now == 0);
+    CHECK(t.cancelled == 2);
+  }
+  SECTION("return_exceptions: every task runs, outcomes in input order") {
+    virtual_loop loop;
+    trace t;
+    std::vector<sluice::outcome<int>> got;
+    loop.run([&]() -> asio::awaitable<void> {
+      std::vector<asio::awaitable<int>> tasks;
+      for (auto& j : in) tasks.push_back(work(loop, t, j));
+      got = co_await sluice::gather_with_concurrency(3, std::move(tasks), sluice::by_key(key, 1),
+                                                     sluice::return_exceptions);
+    });
+    REQUIRE(got.size() == 6);
+    for (int i = 0; i < 6; ++i) CHECK(got[static_cast<std::size_t>(i)].has_value() == (i != 2));
+    CHECK(got[5].value() == 5);
+    CHECK(t.finished == 6);
+    CHECK(loop.now() == 200ms);  // the second b starts at 13 ms, beside the first a and c
+  }
+}
+
+TEST_CASE("gather_with_concurrency by key of void tasks, cancelled by its caller, loses nothing",
+          "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  const std::vector<job> in = jobs("aaab", 100ms);
+  bool timed_out = false;
+  int done = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    // A lazy range (clang 14 cannot instantiate libstdc++ 12's std::views).
+    sluice_test::lazy_tasks<asio::awaitable<void>> tasks(
+        in.size(), [&](std::size_t i) -> asio::awaitable<void> {
+          co_await work(loop, t, in[i]);
+          ++done;
+        });
+    try {
+      co_await sluice::with_timeout(
+          150ms, sluice::gather_with_concurrency(
+                     2, tasks, sluice::by_key([&](std::size_t i) { return in[i].key; }, 1)));
+    } catch (const sluice::timeout_error&) {
+      timed_out = true;
+    }
+  });
+  CHECK(timed_out);
+  CHECK(loop.now() == 150ms);
+  CHECK(done == 2);  // the first a and b
+  CHECK(t.now == 0);
+  CHECK(t.cancelled == 1);  // the second a
+  CHECK_THROWS_AS(sluice::gather_with_concurrency(0, std::vector<asio::awaitable<void>>{},
+                                                  sluice::by_key([](std::size_t) { return 0; }, 1)),
+                  std::invalid_argument);
+}
+
+// ---- keyed_task_group ------------------------------------------------------
+
+namespace {
+
+using char_group = sluice::keyed_task_group<char>;
+
+// work() as a child of a task group (its result dropped).
+asio::awaitable<void> child_work(virtual_loop& loop, trace& t, job j) {
+  co_await work(loop, t, j);
+}
+
+}  // namespace
+
+TEST_CASE("a keyed task group gives a slot to the oldest child whose key has room", "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await char_group::run(2, 1, [&](char_group& g) -> asio::awaitable<void> {
+      for (auto& j : jobs("aaaabc", 100ms)) g.spawn(j.key, child_work(loop, t, j));
+      CHECK(g.running() == 2);  // the first a and b
+      CHECK(g.waiting() == 4);  // three a's and c wait outside the slots
+      CHECK(g.keys() == 3);
+      co_return;
+    });
+  });
+  CHECK(loop.now() == 400ms);
+  CHECK(started(t, 4) == 0ms);    // b: beside the first a
+  CHECK(started(t, 5) == 100ms);  // c: the next free slot, not after the a's
+  CHECK(t.order['a'] == std::vector<int>{0, 1, 2, 3});
+  CHECK(t.max == 2);
+  CHECK(t.max_running['a'] == 1);
+}
+
+TEST_CASE(
+    "a keyed task group's spawn_when_ready waits while the buffer of waiting children is full",
+    "[by_key]") {
+  // Eight a's, one per key, limit 4, buffer 2: the producer is let in as the
+  // a's start one after another; never more than 2 wait.
+  virtual_loop loop;
+  trace t;
+  std::size_t most_waiting = 0;
+  std::vector<nanoseconds> accepted;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await char_group::run(4, 1,
+                             [&](char_group& g) -> asio::awaitable<void> {
+                               for (auto& j : jobs("aaaaaaab", 100ms)) {
+                                 const bool ok =
+                                     co_await g.spawn_when_ready(j.key, child_work(loop, t, j));
+                                 CHECK(ok);
+                                 accepted.push_back(loop.now());
+                                 most_waiting = std::max(most_waiting, g.waiting());
+                               }
+                             },
+                             {.buffer = 2});
+  });
+  CHECK(most_waiting == 2);
+  CHECK(accepted == std::vector<nanoseconds>{0ms, 0ms, 0ms, 100ms, 200ms, 300ms, 400ms, 500ms});
+  CHECK(started(t, 7) == 500ms);  // b: reached only as the a's start (backpressure)
+  CHECK(loop.now() == 700ms);
+  CHECK(t.finished == 8);
+}
+
+TEST_CASE("a keyed task group fails fast: running children cancelled, waiting ones dropped",
+          "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  std::vector<job> in = jobs("aabbcc", 100ms);
+  in[2].took = 13ms;  // b fails at 13 ms
+  std::string what;
+  int producers_refused = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await char_group::run(3, 1, [&](char_group& g) -> asio::awaitable<void> {
+        for (auto& j : in) g.spawn(j.key, child_work(loop, t, j));
+        co_await sluice::sleep(1s);  // cancelled by the failure
+        ++producers_refused;
+      });
+    } catch (const std::runtime_error& e) {
+      what = e.what();
+    }
+  });
+  CHECK(what == "job 2 failed");
+  CHECK(loop.now() == 13ms);
+  CHECK(t.now == 0);
+  CHECK(t.cancelled == 2);        // the first a and c
+  CHECK(t.starts.size() == 3);    // the waiting a, b, c never started
+  CHECK(producers_refused == 0);  // the body was cancelled too
+}
+
+TEST_CASE("a failing child of a keyed task group lets no waiting child of its key start",
+          "[by_key]") {
+  // a fails at 13 ms while the second a waits for its key and a slot is free:
+  // the failure stops the group before the second a could take the room it
+  // freed (found by tests/fuzz/by_key_fuzz.cpp).
+  virtual_loop loop;
+  trace t;
+  std::vector<job> in = jobs("aa", 100ms);
+  in[0].took = 13ms;
+  bool failed = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await char_group::run(2, 1, [&](char_group& g) -> asio::awaitable<void> {
+        for (auto& j : in) g.spawn(j.key, child_work(loop, t, j));
+        co_return;
+      });
+    } catch (const std::runtime_error&) {
+      failed = true;
+    }
+  });
+  CHECK(failed);
+  CHECK(t.starts.size() == 1);
+  CHECK(t.cancelled == 0);
+}
+
+TEST_CASE("a keyed task group cancelled by its caller loses nothing, producers included",
+          "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  bool timed_out = false;
+  std::size_t spawned = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await sluice::with_timeout(
+          150ms, char_group::run(2, 1,
+                                 [&](char_group& g) -> asio::awaitable<void> {
+                                   for (auto& j : jobs("aaaaab", 100ms)) {
+                                     co_await g.spawn_when_ready(j.key, child_work(loop, t, j));
+                                     ++spawned;
+                                   }
+                                 },
+                                 {.buffer = 1}));
+    } catch (const sluice::timeout_error&) {
+      timed_out = true;
+    }
+  });
+  CHECK(timed_out);
+  CHECK(loop.now() == 150ms);
+  CHECK(t.now == 0);
+  CHECK(t.cancelled == 1);  // the second a
+  CHECK(spawned == 3);      // a, a (started at 100 ms), a (waiting); the fourth a's producer waited
+  CHECK_THROWS_AS(char_group::run(0, 1, [](char_group&) -> asio::awaitable<void> { co_return; }),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(char_group::run(1, 0, [](char_group&) -> asio::awaitable<void> { co_return; }),
+                  std::invalid_argument);
+}
+
 // ---- property: seeded runs against a reference schedule ------------------
 
 namespace {
 
 // The schedule by_key promises, computed directly: at every instant, a free
 // slot takes the oldest pulled input whose key has room; the input is pulled
-// in order while fewer than `buffer` inputs wait for their key.
+// in order while fewer than `buffer` inputs wait for their key. most_waiting:
+// the input is pulled as far as the buffer first, then a free slot takes the
+// oldest input of the key with the most inputs waiting (and room), the key
+// of the oldest input first among equals.
 nanoseconds reference_makespan(const std::vector<job>& in, std::size_t limit, std::size_t per_key,
-                               std::size_t buffer) {
+                               std::size_t buffer, bool most_waiting = false) {
   struct run {
     nanoseconds end;
     char key;
@@ -256,8 +567,15 @@ nanoseconds reference_makespan(const std::vector<job>& in, std::size_t limit, st
   for (;;) {
     for (;;) {  // fill the slots at `now`
       if (running.size() >= limit) break;
+      while (most_waiting && pulled < in.size() && waiting.size() < buffer)
+        waiting.push_back(pulled++);
+      std::map<char, std::size_t> queued;
+      for (std::size_t i : waiting) ++queued[in[i].key];
       auto it = std::find_if(waiting.begin(), waiting.end(),
                              [&](std::size_t i) { return busy[in[i].key] < per_key; });
+      if (most_waiting)
+        for (auto j = it; j != waiting.end(); ++j)
+          if (busy[in[*j].key] < per_key && queued[in[*j].key] > queued[in[*it].key]) it = j;
       if (it != waiting.end()) {
         ++busy[in[*it].key];
         running.push_back({now + in[*it].took, in[*it].key});
@@ -304,20 +622,57 @@ TEST_CASE("seeded runs keep the caps, per-key FIFO and the reference schedule's 
                     std::chrono::microseconds(1000 * (1 + rng() % 50) + 2 * i + 1),
                     static_cast<int>(i)});
     }
+    for (auto order : {sluice::key_order::oldest, sluice::key_order::most_waiting}) {
+      virtual_loop loop;
+      trace t;
+      std::size_t got = 0;
+      loop.run([&]() -> asio::awaitable<void> {
+        co_await sluice::for_each(
+            sluice::map_unordered(
+                [&](job j) { return work(loop, t, j); }, in, limit,
+                sluice::by_key(key_of, per_key, {.buffer = buffer, .order = order})),
+            [&](int) { ++got; });
+      });
+      const bool most_waiting = order == sluice::key_order::most_waiting;
+      INFO("seed " << seed << " limit " << limit << " per_key " << per_key << " buffer " << buffer
+                   << " most_waiting " << most_waiting);
+      CHECK(got == n);
+      CHECK(t.max <= limit);
+      for (auto& [k, m] : t.max_running) CHECK(m <= per_key);
+      for (auto& [k, ids] : t.order) CHECK(std::is_sorted(ids.begin(), ids.end()));
+      CHECK(loop.now() == reference_makespan(in, limit, per_key, buffer, most_waiting));
+    }
+    {  // keyed_task_group, every child spawned at 0: the same schedule
+      virtual_loop loop;
+      trace t;
+      loop.run([&]() -> asio::awaitable<void> {
+        co_await char_group::run(limit, per_key, [&](char_group& g) -> asio::awaitable<void> {
+          for (auto& j : in) g.spawn(j.key, child_work(loop, t, j));
+          co_return;
+        });
+      });
+      INFO("seed " << seed << " keyed_task_group");
+      CHECK(t.finished == n);
+      CHECK(t.max <= limit);
+      for (auto& [k, m] : t.max_running) CHECK(m <= per_key);
+      for (auto& [k, ids] : t.order) CHECK(std::is_sorted(ids.begin(), ids.end()));
+      CHECK(loop.now() == reference_makespan(in, limit, per_key, n + 1));
+    }
+    // gather_with_concurrency by key: the same schedule, results in input order.
     virtual_loop loop;
     trace t;
-    std::size_t got = 0;
+    std::vector<int> got;
     loop.run([&]() -> asio::awaitable<void> {
-      co_await sluice::for_each(
-          sluice::map_unordered([&](job j) { return work(loop, t, j); }, in, limit,
-                                sluice::by_key(key_of, per_key, {.buffer = buffer})),
-          [&](int) { ++got; });
+      sluice_test::lazy_tasks<asio::awaitable<int>> tasks(
+          in.size(), [&](std::size_t i) { return work(loop, t, in[i]); });
+      got = co_await sluice::gather_with_concurrency(
+          limit, tasks,
+          sluice::by_key([&](std::size_t i) { return in[i].key; }, per_key, {.buffer = buffer}));
     });
-    INFO("seed " << seed << " limit " << limit << " per_key " << per_key << " buffer " << buffer);
-    CHECK(got == n);
+    INFO("seed " << seed << " gather");
+    CHECK(got.size() == n);
+    CHECK(std::is_sorted(got.begin(), got.end()));
     CHECK(t.max <= limit);
-    for (auto& [k, m] : t.max_running) CHECK(m <= per_key);
-    for (auto& [k, ids] : t.order) CHECK(std::is_sorted(ids.begin(), ids.end()));
     CHECK(loop.now() == reference_makespan(in, limit, per_key, buffer));
   }
 }

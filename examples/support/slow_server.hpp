@@ -13,6 +13,8 @@
 //                                        (in flight, per key, or a sliding-window
 //                                        quota counted when the request arrives)
 //               ->  ERROR <key>          at once, while the provider is failing
+//   GET <key> <tokens>                   the same, weighing <tokens> against a
+//                                        token quota (tokens_per_window)
 //   FAIL 1      ->  OK FAIL 1            from now on every GET fails (an outage)
 //   FAIL 0      ->  OK FAIL 0            and from now on it serves again
 //   STATS       ->  STATS requests=<n> ok=<n> throttled=<n> max_concurrent=<n> collisions=<n>
@@ -30,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -54,6 +57,9 @@ struct server_options {
   /// A published quota: more than this many admitted requests arriving in any
   /// window (t - window, t] is THROTTLED (0: no quota), on the steady clock.
   std::size_t calls_per_window = 0;
+  /// A token quota in the same window: `GET <key> <tokens>` beyond it is
+  /// THROTTLED (0: none; requests without a count weigh 0).
+  std::size_t tokens_per_window = 0;
   std::chrono::nanoseconds window{std::chrono::seconds(1)};
   std::ostream* log = nullptr;  ///< collision log (null: quiet)
 };
@@ -123,7 +129,12 @@ class slow_server {
       co_return "OK " + line;
     }
     if (line.rfind("GET ", 0) != 0) co_return "ERR bad request";
-    const std::string key = line.substr(4);
+    std::string key = line.substr(4);
+    std::size_t tokens = 0;
+    if (const auto sp = key.rfind(' '); opt_.tokens_per_window > 0 && sp != std::string::npos) {
+      tokens = std::strtoul(key.c_str() + sp + 1, nullptr, 10);
+      key.resize(sp);
+    }
     const std::size_t index = stats_.requests++;
     const std::size_t here = ++stats_.concurrent;
     const std::size_t for_key = ++in_flight_[key];
@@ -136,7 +147,7 @@ class slow_server {
     }
     std::string reply;
     if ((opt_.throttle_above > 0 && here > opt_.throttle_above) ||
-        (opt_.throttle_per_key > 0 && for_key > opt_.throttle_per_key) || over_quota()) {
+        (opt_.throttle_per_key > 0 && for_key > opt_.throttle_per_key) || over_quota(tokens)) {
       ++stats_.throttled;
       reply = "THROTTLED " + key;
     } else if (failing_) {
@@ -155,20 +166,26 @@ class slow_server {
     co_return reply;
   }
 
-  // True if a request arriving now breaks the sliding-window quota; else it
-  // is counted.
-  bool over_quota() {
-    if (opt_.calls_per_window == 0) return false;
+  // True if a request of `tokens` arriving now breaks a sliding-window quota;
+  // else it is counted.
+  bool over_quota(std::size_t tokens) {
+    if (opt_.calls_per_window == 0 && opt_.tokens_per_window == 0) return false;
     const auto t = std::chrono::steady_clock::now();
-    while (!admitted_.empty() && admitted_.front() <= t - opt_.window) admitted_.pop_front();
-    if (admitted_.size() >= opt_.calls_per_window) return true;
-    admitted_.push_back(t);
+    while (!admitted_.empty() && admitted_.front().first <= t - opt_.window) {
+      used_tokens_ -= admitted_.front().second;
+      admitted_.pop_front();
+    }
+    if (opt_.calls_per_window > 0 && admitted_.size() >= opt_.calls_per_window) return true;
+    if (opt_.tokens_per_window > 0 && used_tokens_ + tokens > opt_.tokens_per_window) return true;
+    admitted_.emplace_back(t, tokens);
+    used_tokens_ += tokens;
     return false;
   }
 
   asio::io_context& ctx_;
   server_options opt_;
-  std::deque<std::chrono::steady_clock::time_point> admitted_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::size_t>> admitted_;
+  std::size_t used_tokens_ = 0;
   asio::ip::tcp::acceptor acceptor_;
   server_stats stats_;
   bool failing_ = false;

@@ -2,8 +2,10 @@
 #ifndef SLUICE_BY_KEY_HPP
 #define SLUICE_BY_KEY_HPP
 
+#include <sluice/by_key_options.hpp>
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
+#include <sluice/detail/keyed_gather.hpp>
 #include <sluice/detail/keyed_source.hpp>
 #include <sluice/map_unordered.hpp>
 #include <sluice/outcome.hpp>
@@ -11,36 +13,33 @@
 #include <concepts>
 #include <cstddef>
 #include <functional>
+#include <ranges>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
 
 namespace sluice {
 
-/// Options of `sluice::by_key`.
-struct by_key_options {
-  /// The most inputs pulled and waiting for their key's room at once; past
-  /// it the input is not pulled (backpressure). At least 1.
-  std::size_t buffer = 1024;
-};
-
 /// What `sluice::by_key` returns: a key function, a per-key limit and the
-/// buffer bound, passed to `map_unordered` after its limit.
+/// options, passed to `map_unordered` after its limit.
 template <class KeyFn>
 struct by_key_t {
-  KeyFn key;
-  std::size_t per_key;
-  std::size_t buffer;
+  KeyFn key;            ///< `key(const input&)`: the input's key
+  std::size_t per_key;  ///< the most tasks of one key at once
+  std::size_t buffer;   ///< the most inputs waiting for their key's room
+  key_order order;      ///< which ready input gets a free slot
 };
 
 /// A key for each input of a fan-out, and at most `per_key` tasks per key at
 /// once (hosts of a crawl, tenants, accounts): for `map_unordered(fn, inputs,
 /// limit, sluice::by_key(key, per_key, {.buffer = n}))`.
 ///
-/// - A slot goes to the oldest input whose key has room, never to a task that
-///   would then wait for its key: inputs of a full key wait outside the slots,
-///   in a FIFO queue per key (order within a key is input order), until a task
-///   of their key ends. The limit is never idle while an input could start.
+/// - A slot goes to the oldest input whose key has room (or, with
+///   `.order = key_order::most_waiting`, to the oldest input of the key with
+///   the most inputs buffered), never to a task that would then wait for its
+///   key: inputs of a full key wait outside the slots, in a FIFO queue per key
+///   (order within a key is input order), until a task of their key ends. The
+///   limit is never idle while an input could start.
 /// - The input is pulled ahead of the slots only as far as `buffer` inputs
 ///   (those waiting for their key); then it is not pulled until one of them
 ///   starts: memory stays bounded however the keys are skewed. With an async
@@ -65,7 +64,7 @@ template <class KeyFn>
 [[nodiscard]] by_key_t<KeyFn> by_key(KeyFn key, std::size_t per_key, by_key_options o = {}) {
   if (per_key == 0) throw std::invalid_argument("sluice::by_key: per_key must be at least 1");
   if (o.buffer == 0) throw std::invalid_argument("sluice::by_key: buffer must be at least 1");
-  return by_key_t<KeyFn>{std::move(key), per_key, o.buffer};
+  return by_key_t<KeyFn>{std::move(key), per_key, o.buffer, o.order};
 }
 
 /// A key function for the inputs of `In`: `key(const input&)` returns a key
@@ -86,9 +85,10 @@ auto make_keyed_stream(F fn, In&& inputs, std::size_t limit, by_key_t<KeyFn> key
   using source = keyed_source<In, KeyFn, executor>;
   if (limit == 0)
     throw std::invalid_argument("sluice::map_unordered: limit must be at least 1 (got 0)");
-  return make_map_stream<Settle>(
-      keyed_call<F>{std::move(fn)},
-      source(std::forward<In>(inputs), std::move(keys.key), keys.per_key, keys.buffer), limit);
+  return make_map_stream<Settle>(keyed_call<F>{std::move(fn)},
+                                 source(std::forward<In>(inputs), std::move(keys.key), keys.per_key,
+                                        keys.buffer, keys.order == key_order::most_waiting),
+                                 limit);
 }
 
 }  // namespace detail
@@ -111,6 +111,70 @@ requires fan_out_function<F, In> && key_function<KeyFn, In>
                                  return_exceptions_t) {
   return detail::make_keyed_stream<true>(std::move(fn), std::forward<In>(inputs), limit,
                                          std::move(keys));
+}
+
+/// A key function for `gather_with_concurrency(limit, tasks, by_key(...))`:
+/// `key(std::size_t index)`, the index of the task in `tasks`, returns a key
+/// that `std::hash` and `==` accept.
+template <class KeyFn>
+concept index_key_function = std::invocable<KeyFn&, std::size_t> &&
+    requires(std::remove_cvref_t<std::invoke_result_t<KeyFn&, std::size_t>> k) {
+  { std::hash<decltype(k)>{}(k) } -> std::convertible_to<std::size_t>;
+  { k == k } -> std::convertible_to<bool>;
+};
+
+namespace detail {
+
+template <bool Settle, class R, class KeyFn>
+auto start_keyed_gather(std::size_t limit, R&& tasks, by_key_t<KeyFn> keys) {
+  static_assert(!lends_stored_tasks<R>,
+                "sluice::gather_with_concurrency: `tasks` holds stored asio::awaitable<T>s and is "
+                "passed as an lvalue, but an awaitable runs only once and would be moved out of "
+                "it: pass std::move(tasks) (or a lazy range that makes each task when it is "
+                "dereferenced).");
+  if (limit == 0)
+    throw std::invalid_argument(
+        "sluice::gather_with_concurrency: limit must be at least 1 (got 0)");
+  using task_type = std::ranges::range_value_t<R>;
+  auto s = make_keyed_stream<false>(
+      run_indexed<Settle, task_type>{}, indexed_tasks<R>(std::forward<R>(tasks)), limit,
+      by_key_t<index_key<KeyFn>>{{std::move(keys.key)}, keys.per_key, keys.buffer, keys.order});
+  return keyed_gather<Settle, task_type>(std::move(s));
+}
+
+}  // namespace detail
+
+/// `gather_with_concurrency` with a key per task and a limit per key: at most
+/// `limit` tasks at once, at most `per_key` of one key, a slot always to the
+/// oldest task whose key has room (or as `by_key_options::order` says);
+/// results in input order, as `gather_with_concurrency`'s.
+///
+/// The key is a function of the task's index in `tasks`, `key(std::size_t)`
+/// (an awaitable cannot be looked into): index the data the tasks were made
+/// from. It is called once per task, when the task is pulled; an exception
+/// it throws fails the call as a task's would (also with
+/// `return_exceptions`: a key is not a result). Tasks of a full key wait
+/// unstarted outside the slots (at most `buffer`, then the range is not
+/// pulled). Fail fast, cancellation, the join before returning, lazy input
+/// and the exceptions are `gather_with_concurrency`'s; `limit`, `per_key` or
+/// `buffer` 0 throws `std::invalid_argument` before anything starts.
+///
+/// @code
+/// auto tasks = urls | std::views::transform(fetch);             // lazy: made as slots free
+/// std::vector<page> pages = co_await sluice::gather_with_concurrency(
+///     8, tasks, sluice::by_key([&](std::size_t i) { return host_of(urls[i]); }, 2));
+/// @endcode
+template <task_range R, index_key_function KeyFn>
+[[nodiscard]] auto gather_with_concurrency(std::size_t limit, R&& tasks, by_key_t<KeyFn> keys) {
+  return detail::start_keyed_gather<false>(limit, std::forward<R>(tasks), std::move(keys));
+}
+
+/// Settling `gather_with_concurrency` by key: every task runs; results are
+/// `outcome<T>`, in input order.
+template <task_range R, index_key_function KeyFn>
+[[nodiscard]] auto gather_with_concurrency(std::size_t limit, R&& tasks, by_key_t<KeyFn> keys,
+                                           return_exceptions_t) {
+  return detail::start_keyed_gather<true>(limit, std::forward<R>(tasks), std::move(keys));
 }
 
 }  // namespace sluice

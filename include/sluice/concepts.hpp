@@ -7,6 +7,7 @@
 #include <sluice/detail/asio.hpp>
 
 #include <concepts>
+#include <cstddef>
 #include <iterator>
 #include <optional>
 #include <ranges>
@@ -49,6 +50,20 @@ template <task A>
 using task_executor_t = typename detail::awaitable_traits<std::remove_cvref_t<A>>::executor_type;
 
 /// An input range (it may be lazy) whose elements are tasks.
+/// A limit whose waits hand out a permit: `scoped_acquire()` (`semaphore`,
+/// `adaptive_limit`, `shared_semaphore`, `strand_bound` of those).
+template <class L>
+concept permit_limit = requires(L& l) {
+  { l.scoped_acquire() } -> task;
+};
+
+/// A limit that grants units, kept (a start, tokens): `acquire(n)`
+/// (`rate_limiter`, `token_bucket`, `strand_bound` of those).
+template <class L>
+concept unit_limit = requires(L& l, std::size_t n) {
+  { l.acquire(n) } -> std::same_as<asio::awaitable<void>>;
+};
+
 template <class R>
 concept task_range = std::ranges::input_range<R> && task<std::ranges::range_value_t<R>>;
 

@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/lazy.hpp>
 #include <sluice/detail/waiter_list.hpp>
 #include <sluice/lock.hpp>
 
@@ -102,7 +103,7 @@ class condition {
   /// Throws `std::logic_error` if the lock is not held, and
   /// `system_error(operation_aborted)` when cancelled, in both cases with
   /// the lock held again.
-  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+  template <class Lazy = void>  // compiled only in the TUs that call it (detail/lazy.hpp)
   [[nodiscard]] asio::awaitable<void> wait() {
     if constexpr (detail::affinity::enabled) checker().bind(co_await asio::this_coro::executor);
     {
@@ -135,7 +136,7 @@ class condition {
     bool notified = false;
     std::exception_ptr failure;
     try {
-      co_await wait_notified();
+      co_await wait_notified<Lazy>();
       notified = true;
     } catch (...) {
       failure = std::current_exception();
@@ -209,6 +210,7 @@ class condition {
     }
   }
 
+  template <class Lazy>
   asio::awaitable<void> wait_notified() {
     return asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
         [this](auto&& handler) {
@@ -219,7 +221,7 @@ class condition {
               std::forward<decltype(handler)>(handler), ex, "sluice::condition::wait", waiters_,
               false, true);
         },
-        asio::use_awaitable);
+        detail::lazy<Lazy>(asio::use_awaitable));
   }
 
   std::unique_ptr<sluice::lock> owned_;

@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/lazy.hpp>
 #include <sluice/detail/waiter_list.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -96,7 +97,7 @@ class event {
   }
 
   /// Waits until the flag is set; does not suspend if it already is.
-  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+  template <class Lazy = void>  // compiled only in the TUs that call it (detail/lazy.hpp)
   [[nodiscard]] asio::awaitable<void> wait() {
     detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state,
                                 "sluice::event::wait");
@@ -105,7 +106,7 @@ class event {
       const auto in = affinity_.enter("sluice::event");
       if (set_) co_return;
     }
-    co_await async_wait(asio::use_awaitable);
+    co_await async_wait(detail::lazy<Lazy>(asio::use_awaitable));
   }
 
   /// Operations waiting now.

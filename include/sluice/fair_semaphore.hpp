@@ -4,36 +4,21 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/fair_rotation.hpp>
 #include <sluice/detail/permit_core.hpp>
+#include <sluice/fair_share.hpp>
 
 #include <sluice/detail/asio.hpp>
 
-#include <cmath>
 #include <cstddef>
-#include <deque>
 #include <functional>
 #include <optional>
 #include <stdexcept>
 #include <system_error>
 #include <unordered_map>
 #include <utility>
-#include <vector>
 
 namespace sluice {
-
-/// Options of `sluice::fair_semaphore`.
-struct fair_options {
-  /// How many of the latest grants `share(key)` is measured over.
-  std::size_t window = 1000;
-};
-
-/// What one key of a `fair_semaphore` is doing now.
-struct fair_share {
-  std::size_t waiting = 0;  ///< operations of this key waiting for a permit
-  std::size_t in_use = 0;   ///< permits this key holds
-  double weight = 1.0;      ///< its weight
-  double share = 0.0;       ///< its part of the last `window` grants (0 to 1)
-};
 
 /// A semaphore of `permits` shared by keys (tenants, users, accounts) whose
 /// waiters are served by weight, not by arrival: one noisy key's backlog
@@ -50,8 +35,10 @@ struct fair_share {
 ///   and the rotation would sit on `semaphore`'s hot path; here each key's
 ///   queue is the `semaphore` core itself (FIFO, atomic cancellation, no
 ///   barging: `try_acquire` fails while anyone waits), fed one permit at a
-///   time. Rate limits and `adaptive_limit` have no fair form yet: put a
-///   `fair_semaphore` in front of them (`acquire_all`, a call policy).
+///   time. Rate limits, `adaptive_limit` and the other limit kinds get the
+///   same rotation (`detail::fair_rotation`) from `sluice::fair_limit<L,
+///   Key>`, a gate in front of any limit; `fair_limit<semaphore, Key>` is
+///   this type's behaviour at one post more per contended grant.
 /// - Weights: `set_weight(key, w)` (default 1), kept for the key until changed;
 ///   a change applies from the key's next turn.
 /// - What resumes where: a waiter is never resumed inside `release`: its
@@ -95,8 +82,9 @@ class fair_semaphore {
     double weight = 1.0;
     double deficit = 0.0;
     std::size_t in_use = 0;
-    std::size_t in_window = 0;  // grants among the last window_
-    bool active = false;        // in rotation_
+    std::size_t in_window = 0;                     // grants among the last window_
+    bool active = false;                           // in rotation_
+    std::pair<const Key, tenant>* node = nullptr;  // its entry in map_
   };
   using map_type = std::unordered_map<Key, tenant, Hash, KeyEqual>;
   using node_type = typename map_type::value_type;
@@ -106,9 +94,12 @@ class fair_semaphore {
   /// destruction.
   class permit {
    public:
+    /// An empty permit that owns nothing.
     permit() noexcept = default;
+    /// Takes over `o`'s permit.
     permit(permit&& o) noexcept
         : s_(std::exchange(o.s_, nullptr)), n_(std::exchange(o.n_, nullptr)) {}
+    /// Releases this permit, then takes over `o`'s.
     permit& operator=(permit&& o) noexcept {
       if (this != &o) {
         reset();
@@ -221,23 +212,16 @@ class fair_semaphore {
   /// Sets `key`'s weight (default 1): while contended, its share of grants is
   /// weight / the sum of the waiting keys' weights. Throws
   /// `std::invalid_argument` unless `w` is finite and > 0.
-  void set_weight(const Key& key, double w) {
-    if (!(w > 0) || !std::isfinite(w))
-      throw std::invalid_argument("sluice::fair_semaphore::set_weight: weight must be > 0");
-    weights_[key] = w;
-    if (auto it = map_.find(key); it != map_.end()) it->second.weight = w;
-  }
+  void set_weight(const Key& key, double w) { weights_.set(map_, key, w, name); }
 
   /// What `key` does now: waiting, in use, weight, and its share of the last
   /// `window` grants. O(1).
   [[nodiscard]] fair_share stats(const Key& key) const {
-    fair_share s;
-    auto w = weights_.find(key);
-    s.weight = w == weights_.end() ? 1.0 : w->second;
+    fair_share s{.weight = weights_.of(key)};
     if (auto it = map_.find(key); it != map_.end()) {
       s.waiting = it->second.gate.waiters();
       s.in_use = it->second.in_use;
-      s.share = ring_.empty() ? 0.0 : double(it->second.in_window) / double(ring_.size());
+      s.share = window_.share(it->second);
     }
     return s;
   }
@@ -247,7 +231,7 @@ class fair_semaphore {
   /// Operations waiting now, every key together. O(keys waiting).
   [[nodiscard]] std::size_t waiters() const noexcept {
     std::size_t w = 0;
-    for (node_type* n : rotation_) w += n->second.gate.waiters();
+    for (const tenant* t : rotation_.keys()) w += t->gate.waiters();
     return w;
   }
   /// Operations of `key` waiting now.
@@ -263,13 +247,15 @@ class fair_semaphore {
   fair_semaphore(asio::any_io_executor ex, std::size_t permits, fair_options o, int)
       : ex_(std::move(ex)), free_(permits), window_(o.window) {
     if (permits == 0) throw std::invalid_argument("sluice::fair_semaphore: permits must be >= 1");
-    if (window_ == 0) throw std::invalid_argument("sluice::fair_semaphore: window must be >= 1");
+    if (o.window == 0) throw std::invalid_argument("sluice::fair_semaphore: window must be >= 1");
   }
 
   node_type* node_for(const Key& key) {
     auto [it, made] = map_.try_emplace(key, ex_);
-    if (made)
-      if (auto w = weights_.find(key); w != weights_.end()) it->second.weight = w->second;
+    if (made) {
+      it->second.node = &*it;
+      it->second.weight = weights_.of(key);
+    }
     return &*it;
   }
 
@@ -281,27 +267,13 @@ class fair_semaphore {
     return true;
   }
 
-  void enqueue(node_type* n) {
-    if (n->second.active) return;
-    n->second.active = true;
-    rotation_.push_back(n);
-  }
+  void enqueue(node_type* n) { rotation_.join(&n->second); }
 
   // One permit to `n` (from the pool or from a release), counted in the window.
   void grant(node_type* n) {
     if (free_ > 0) --free_;
     ++n->second.in_use;
-    if (ring_.size() < window_) {
-      ring_.push_back(n);
-    } else {
-      node_type* old = std::exchange(ring_[ring_next_], n);
-      ring_next_ = (ring_next_ + 1) % window_;
-      --old->second.in_window;
-      ++n->second.in_window;
-      if (old != n) maybe_free(old);
-      return;
-    }
-    ++n->second.in_window;
+    window_.record(&n->second, 1, [this](tenant* old) { maybe_free(old); });
   }
 
   void release_node(node_type* n) {
@@ -314,55 +286,29 @@ class fair_semaphore {
 
   // Deficit round robin over the keys with waiters; nobody: back to the pool.
   void hand_on() {
-    while (!rotation_.empty()) {
-      node_type* h = rotation_.front();
-      tenant& t = h->second;
-      if (t.gate.waiters() == 0) {  // its waiters were cancelled
-        rotation_.pop_front();
-        t.active = false;
-        t.deficit = 0;
-        maybe_free(h);
-        continue;
-      }
-      if (t.deficit < 1.0) {
-        t.deficit += t.weight;
-        if (t.deficit < 1.0) {  // a weight below 1 saves up over rounds
-          rotation_.pop_front();
-          rotation_.push_back(h);
-          continue;
-        }
-      }
-      t.deficit -= 1.0;
-      grant(h);
-      t.gate.release("");  // to the key's oldest waiter, posted
-      if (t.deficit < 1.0 || t.gate.waiters() == 0) {
-        rotation_.pop_front();
-        if (t.gate.waiters() > 0) {
-          rotation_.push_back(h);
-        } else {
-          t.active = false;
-          t.deficit = 0;
-        }
-      }
-      return;
-    }
-    ++free_;
+    const bool served =
+        rotation_.serve_next([](tenant* t) -> std::size_t { return t->gate.waiters() > 0 ? 1 : 0; },
+                             [this](tenant* t, std::size_t) {
+                               grant(t->node);
+                               t->gate.release("");  // to the key's oldest waiter, posted
+                             },
+                             [this](tenant* t) { maybe_free(t); });
+    if (!served) ++free_;
   }
 
-  void maybe_free(node_type* n) {
-    const tenant& t = n->second;
-    if (n != keep_ && !t.active && t.in_use == 0 && t.in_window == 0 && t.gate.waiters() == 0)
-      map_.erase(n->first);
+  void maybe_free(tenant* t) {
+    if (t->node != keep_ && !t->active && t->in_use == 0 && t->in_window == 0 &&
+        t->gate.waiters() == 0)
+      map_.erase(t->node->first);
   }
+  void maybe_free(node_type* n) { maybe_free(&n->second); }
 
   asio::any_io_executor ex_;
   std::size_t free_;
-  std::size_t window_;
   map_type map_;
-  std::deque<node_type*> rotation_;  // keys with waiters, in turn order
-  std::vector<node_type*> ring_;     // the last window_ grants
-  std::size_t ring_next_ = 0;        // the oldest of ring_ once it is full
-  std::unordered_map<Key, double, Hash, KeyEqual> weights_;
+  detail::fair_rotation<tenant> rotation_;
+  detail::grant_window<tenant> window_;
+  detail::fair_weights<Key, Hash, KeyEqual> weights_;
   node_type* keep_ = nullptr;  // the entry release_node() is releasing
 };
 

@@ -97,7 +97,7 @@ class call_policy {
  public:
   /// The layers, outermost first.
   explicit call_policy(Layers... layers) : layers_(std::move(layers)...) {}
-  /// Moves the layers (before any call: a layer's state moves with it).
+  /// Moves the layers (their counters with them).
   call_policy(call_policy&&) noexcept = default;
   call_policy(const call_policy&) = delete;
   call_policy& operator=(const call_policy&) = delete;

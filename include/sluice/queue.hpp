@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/queue_core.hpp>
 #include <sluice/detail/queue_nodes.hpp>
 #include <sluice/detail/waiter_list.hpp>
 #include <sluice/queue_error.hpp>
@@ -12,10 +13,8 @@
 
 #include <concepts>
 #include <cstddef>
-#include <deque>
 #include <optional>
 #include <stdexcept>
-#include <string>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -82,19 +81,17 @@ namespace sluice {
 /// co_await jobs.join();                             // every job done
 /// @endcode
 template <std::movable T>
-class queue {
+class queue : private detail::queue_core<T> {
  public:
   /// An unbounded (`maxsize == 0`) or bounded queue without an executor.
-  explicit queue(std::size_t maxsize = 0) : maxsize_(maxsize) {}
+  explicit queue(std::size_t maxsize = 0) : detail::queue_core<T>(maxsize) {}
 
   /// A queue whose executor runs handlers that have none.
   template <class Executor>
   requires(asio::execution::is_executor<Executor>::value ||
            asio::is_executor<Executor>::value) explicit queue(const Executor& ex,
                                                               std::size_t maxsize = 0)
-      : ex_(ex), maxsize_(maxsize) {
-    affinity_.bind(ex_);
-  }
+      : detail::queue_core<T>(ex, maxsize) {}
 
   queue(const queue&) = delete;
   queue& operator=(const queue&) = delete;
@@ -127,9 +124,9 @@ class queue {
           const auto in = affinity_.enter("sluice::queue");
           using node = detail::put_node<T>;
           if (const error_code ec = refusal(handler)) {
-            start_failed<node, detail::deliver_nothing>(std::forward<decltype(handler)>(handler),
-                                                        "sluice::queue::async_put", ec,
-                                                        std::move(v));
+            this->template start_failed<node, detail::deliver_nothing>(
+                std::forward<decltype(handler)>(handler), "sluice::queue::async_put", ec,
+                std::move(v));
             return;
           }
           const bool ready = can_put_now();
@@ -278,7 +275,7 @@ class queue {
   /// True when there is no item.
   [[nodiscard]] bool empty() const noexcept { return items_.empty(); }
   /// True when bounded and `size() >= maxsize()`.
-  [[nodiscard]] bool full() const noexcept { return maxsize_ > 0 && items_.size() >= maxsize_; }
+  [[nodiscard]] bool full() const noexcept { return core::full(); }
   /// The bound given at construction (0 = unbounded).
   [[nodiscard]] std::size_t maxsize() const noexcept { return maxsize_; }
   /// True after `shutdown()`.
@@ -297,138 +294,11 @@ class queue {
   }
 
  private:
-  bool can_put_now() const noexcept { return !getters_.empty() || !full(); }
-
-  // Precondition: not shut down. Moves from `v` only when it returns true.
-  bool put_now(T& v) {
-    if (detail::waiter_node* n = getters_.pop_front()) {
-      // A getter waits only while the queue is empty: hand the item over.
-      ++unfinished_;
-      hand_over(n, std::move(v));
-      return true;
-    }
-    if (full()) return false;
-    items_.push_back(std::move(v));
-    ++unfinished_;
-    return true;
-  }
-
-  // try_put / put without waiting; `what` names the caller in the exception.
-  bool try_put_value(T& v, const char* what) {
-    const auto in = affinity_.enter("sluice::queue");
-    if (shut_down_)
-      throw queue_shut_down((std::string(what) + ": the queue was shut down").c_str());
-    return put_now(v);
-  }
-
-  // try_get / get without waiting: the oldest item, none if empty; throws
-  // when shut down and empty.
-  std::optional<T> try_take(const char* what) {
-    const auto in = affinity_.enter("sluice::queue");
-    if (!items_.empty()) return take_front();
-    if (shut_down_)
-      throw queue_shut_down((std::string(what) + ": the queue was shut down").c_str());
-    return std::nullopt;
-  }
-
-  // Precondition: !items_.empty().
-  std::optional<T> take_front() {
-    std::optional<T> v(std::move(items_.front()));
-    items_.pop_front();
-    if (!full()) {
-      if (detail::waiter_node* n = putters_.pop_front()) {
-        auto* p = static_cast<detail::put_node<T>*>(n);
-        items_.push_back(std::move(*p->item));
-        p->item.reset();
-        ++unfinished_;
-        p->complete(error_code{});
-      }
-    }
-    return v;
-  }
-
-  // Gives `v` to the getter `n` (unlinked). Until the getter resumes, the
-  // item stays in handed_, where an immediate shutdown can still drop it.
-  void hand_over(detail::waiter_node* n, T&& v) {
-    auto* g = static_cast<detail::get_node<T>*>(n);
-    g->item.emplace(std::move(v));
-    handed_.push_back(g);
-    g->complete_deferred(error_code{});
-  }
-
-  // An item granted to a get() whose coroutine was cancelled before resuming.
-  // (An immediate shutdown since the hand-off would have dropped it instead.)
-  void give_back(T&& v) {
-    const auto in = affinity_.enter("sluice::queue");
-    if (detail::waiter_node* n = getters_.pop_front()) {
-      hand_over(n, std::move(v));
-      return;
-    }
-    items_.push_front(std::move(v));
-  }
-
-  template <class Deliver, class Handler>
-  void initiate_get(Handler&& handler, const char* what) {
-    affinity_.bind(asio::get_associated_executor(handler, ex_));
-    const auto in = affinity_.enter("sluice::queue");
-    using node = detail::get_node<T>;
-    if (detail::cancel_requested(handler)) {
-      start_failed<node, Deliver>(std::forward<Handler>(handler), what,
-                                  asio::error::operation_aborted);
-      return;
-    }
-    if (!items_.empty()) {
-      detail::require_executor<std::decay_t<Handler>>(ex_, what);
-      // Handed over at once, through the same path as a waiting getter.
-      detail::start_wait<node, Deliver>(std::forward<Handler>(handler), ex_, what, handed_, false,
-                                        false, *take_front());
-      static_cast<detail::wait_op*>(handed_.back())->complete_deferred(error_code{});
-      return;
-    }
-    if (shut_down_) {
-      start_failed<node, Deliver>(std::forward<Handler>(handler), what, queue_errc::shut_down);
-      return;
-    }
-    detail::start_wait<node, Deliver>(std::forward<Handler>(handler), ex_, what, getters_, false,
-                                      true);
-  }
-
-  // Why a put must fail at once: its caller was cancelled before it called
-  // (operation_aborted, as every wait), or the queue is shut down; none if not.
-  template <class Handler>
-  error_code refusal(const Handler& handler) const {
-    if (detail::cancel_requested(handler)) return asio::error::operation_aborted;
-    if (shut_down_) return queue_errc::shut_down;
-    return {};
-  }
-
-  // Completes a new operation at once (through a post) with `ec`, taking
-  // nothing (a put's item is dropped).
-  template <class Node, class Deliver, class Handler, class... NodeArgs>
-  void start_failed(Handler&& handler, const char* what, error_code ec, NodeArgs&&... args) {
-    detail::waiter_list scratch{false};
-    detail::start_wait<Node, Deliver>(std::forward<Handler>(handler), ex_, what, scratch, false,
-                                      false, std::forward<NodeArgs>(args)...);
-    static_cast<detail::wait_op*>(scratch.pop_front())->complete(ec);
-  }
-
-  void wake_joiners() {
-    while (detail::waiter_node* n = joiners_.pop_front()) {
-      static_cast<detail::wait_op*>(n)->complete(error_code{});
-    }
-  }
-
-  asio::any_io_executor ex_;
-  std::deque<T> items_;
-  detail::waiter_list getters_;
-  detail::waiter_list putters_;
-  detail::waiter_list joiners_;
-  // Getters handed an item whose handler has not run yet (deferred completions).
-  detail::waiter_list handed_{false};
-  std::size_t maxsize_;
-  std::size_t unfinished_ = 0;
-  bool shut_down_ = false;
-  [[no_unique_address]] detail::affinity affinity_;
+  using core = detail::queue_core<T>;
+  using core::affinity_, core::ex_, core::items_, core::getters_, core::putters_, core::joiners_,
+      core::handed_, core::maxsize_, core::unfinished_, core::shut_down_;
+  using core::can_put_now, core::put_now, core::try_put_value, core::try_take, core::give_back,
+      core::refusal, core::wake_joiners;
 };
 
 }  // namespace sluice

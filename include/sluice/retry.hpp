@@ -23,7 +23,6 @@
 #include <exception>
 #include <functional>
 #include <optional>
-#include <random>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -57,7 +56,8 @@ struct backoff {
   saturating_duration max_elapsed = clock::duration::max();
   jitter_kind jitter = full_jitter;  ///< how the delay is randomised
   /// The jitter's seed. Unset: a fixed seed under `sluice::testing::virtual_loop`
-  /// (runs are reproducible), `std::random_device` otherwise. Each call draws
+  /// (runs are reproducible), otherwise one drawn from the clocks and the
+  /// execution context's address when the context first retries. Each call draws
   /// its own stream from (seed, the call's number on its execution context),
   /// so callers that fail together do not retry together.
   std::optional<std::uint64_t> seed = std::nullopt;
@@ -104,6 +104,15 @@ struct backoff {
 };
 namespace detail {
 
+// splitmix64: a deterministic, portable hash of (seed, index). The jitter
+// draws and slow_service's models come from it.
+constexpr std::uint64_t mix(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 // Per execution context: the default jitter seed (fixed in virtual time) and
 // a counter that gives each retry call its own stream of draws.
 class retry_seed_service final : public asio::execution_context::service {
@@ -114,29 +123,27 @@ class retry_seed_service final : public asio::execution_context::service {
 
   explicit retry_seed_service(asio::execution_context& ctx)
       : asio::execution_context::service(ctx),
-        seed_(asio::has_service<virtual_clock_service>(ctx) ? virtual_seed : random_seed()) {}
+        seed_(asio::has_service<virtual_clock_service>(ctx) ? virtual_seed : entropy_seed(&ctx)) {}
 
   [[nodiscard]] std::uint64_t seed() const noexcept { return seed_; }
   std::uint64_t next_call() noexcept { return calls_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
   void shutdown() override {}
-  static std::uint64_t random_seed() {
-    std::random_device rd;
-    return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  // Differs between processes and contexts: both clocks and the context's
+  // address, mixed (not std::random_device: <random> costs every includer
+  // half a second of parsing, issue 32).
+  static std::uint64_t entropy_seed(const void* ctx) noexcept {
+    const auto count = [](auto t) {
+      return static_cast<std::uint64_t>(t.time_since_epoch().count());
+    };
+    return mix(
+        count(std::chrono::system_clock::now()) ^
+        mix(count(std::chrono::steady_clock::now()) ^ reinterpret_cast<std::uintptr_t>(ctx)));
   }
   std::uint64_t seed_;
   std::atomic<std::uint64_t> calls_{0};
 };
-
-// splitmix64: a deterministic, portable hash of (seed, index). The jitter
-// draws and slow_service's models come from it.
-constexpr std::uint64_t mix(std::uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 inline void check_backoff(const backoff& p) {
   if (p.attempts == 0)

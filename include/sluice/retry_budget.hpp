@@ -3,10 +3,10 @@
 #define SLUICE_RETRY_BUDGET_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/doubles.hpp>
 #include <sluice/time.hpp>
 
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <deque>
 #include <mutex>
@@ -61,7 +61,7 @@ class retry_budget {
 
   /// Throws `std::invalid_argument` for a bad ratio or window.
   explicit retry_budget(options o) : opt_(o) {
-    if (!(opt_.ratio >= 0.0) || !std::isfinite(opt_.ratio))
+    if (!(opt_.ratio >= 0.0) || !detail::is_finite(opt_.ratio))
       throw std::invalid_argument("sluice::retry_budget: ratio must be finite and >= 0");
     if (opt_.per <= clock::duration::zero())
       throw std::invalid_argument("sluice::retry_budget: the window `per` must be positive");

@@ -26,7 +26,7 @@ class retry_layer {
  public:
   /// The layer with backoff `b`; throws `std::invalid_argument` as `retry` does.
   explicit retry_layer(backoff b) : backoff_(std::move(b)) { detail::check_backoff(backoff_); }
-  /// The same backoff and count (move it before any call).
+  /// Moves the backoff and the retry count.
   retry_layer(retry_layer&& o) noexcept
       : backoff_(std::move(o.backoff_)), retries_(o.retries_.load()) {}
 

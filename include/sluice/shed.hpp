@@ -111,7 +111,7 @@ class shed_layer {
  public:
   /// The layer over `limit` with bounds `o`.
   shed_layer(L& limit, shed_options o) : limit_(&limit), opt_(o) {}
-  /// The same limit and bounds, counts from zero (move it before any call).
+  /// Copies the limit's address and the options.
   shed_layer(shed_layer&& o) noexcept : limit_(o.limit_), opt_(o.opt_) {}
 
   /// Takes the limit (or sheds), then awaits `next()` holding it.

@@ -14,6 +14,7 @@
 // Fan-out: gather, gather_with_concurrency, map_unordered (also by key), as_completed, filter,
 // for_each, and progress reports on them
 #include <sluice/by_key.hpp>
+#include <sluice/by_key_options.hpp>
 #include <sluice/filter.hpp>
 #include <sluice/for_each.hpp>
 #include <sluice/gather.hpp>
@@ -31,6 +32,7 @@
 
 // Structured concurrency and threads (shared_semaphore is the one thread-safe primitive;
 // strand_bound puts any limit on a strand of its own, callable from any thread)
+#include <sluice/keyed_task_group.hpp>
 #include <sluice/shared_semaphore.hpp>
 #include <sluice/stop_source.hpp>
 #include <sluice/strand_bound.hpp>
@@ -42,7 +44,10 @@
 #include <sluice/acquire_all.hpp>
 #include <sluice/adaptive_algorithms.hpp>
 #include <sluice/adaptive_limit.hpp>
+#include <sluice/fair_limit.hpp>
+#include <sluice/fair_limit_key.hpp>
 #include <sluice/fair_semaphore.hpp>
+#include <sluice/fair_share.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>

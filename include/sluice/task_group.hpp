@@ -3,10 +3,12 @@
 #define SLUICE_TASK_GROUP_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/aborted.hpp>
 #include <sluice/detail/affinity.hpp>
-#include <sluice/detail/child_set.hpp>
+#include <sluice/detail/grace_period.hpp>
+#include <sluice/detail/lazy.hpp>
 #include <sluice/detail/nursery.hpp>
-#include <sluice/detail/producer_queue.hpp>
+#include <sluice/detail/slot_queue.hpp>
 #include <sluice/progress.hpp>
 #include <sluice/stop_source.hpp>
 #include <sluice/time.hpp>
@@ -15,15 +17,10 @@
 
 #include <concepts>
 #include <cstddef>
-#include <deque>
 #include <exception>
-#include <functional>
-#include <iterator>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <stdexcept>
-#include <string>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -184,7 +181,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     if (running_ < limit_) {
       start(std::move(child));
     } else {
-      waiting_.push_back(std::move(child));
+      waiting_.push(std::move(child));
       if (progress_) progress_->waiting(waiting_.size());
     }
     return true;
@@ -212,17 +209,18 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   ///   if (!co_await g.spawn_when_ready(run_job(j))) co_return;  // at most `limit` jobs taken
   /// }
   /// @endcode
+  template <class Lazy = void>  // compiled only in the TUs that call it (detail/lazy.hpp)
   [[nodiscard]] asio::awaitable<bool> spawn_when_ready(asio::awaitable<void> child) {
     affinity_.check("sluice::task_group");
     const auto state = co_await asio::this_coro::cancellation_state;
     if (state.cancelled() != asio::cancellation_type::none)
       throw system_error(asio::error::operation_aborted, "sluice::task_group::spawn_when_ready");
     if (!accepting()) co_return false;
-    if (running_ < limit_ && waiting_.empty() && ready_.empty()) {
+    if (running_ < limit_ && waiting_.empty()) {
       start(std::move(child));
       co_return true;
     }
-    co_return co_await ready_.wait(ex_, std::move(child));
+    co_return co_await waiting_.producers().template wait<Lazy>(ex_, std::move(child));
   }
 
   /// Children accepted and not yet finished: running plus waiting for a slot.
@@ -235,7 +233,9 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   /// stop request): `spawn` then starts nothing.
   [[nodiscard]] bool stopping() const noexcept { return stopping_ || draining_; }
   /// Producers waiting in `spawn_when_ready`.
-  [[nodiscard]] std::size_t producers_waiting() const noexcept { return ready_.size(); }
+  [[nodiscard]] std::size_t producers_waiting() const noexcept {
+    return waiting_.producers().size();
+  }
 
   /// Made only by `run`.
   task_group(key, asio::any_io_executor ex, std::size_t limit)
@@ -268,6 +268,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     // Stopped before it started: nothing to do.
     if (stop != nullptr && stop->stop_requested()) co_return;
     auto g = std::make_shared<task_group>(key{}, co_await asio::this_coro::executor, limit);
+    g->template arm<detail::lazy_void<Body>>();
     g->progress_ = std::move(progress);
     if (g->progress_) g->progress_->begin(g->ex_);
     stop_registration registration{*g};
@@ -289,13 +290,8 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     error_code ec;
     auto join_token = asio::redirect_error(asio::use_awaitable, ec);
     co_await g->async_join(join_token);
-    g->detach();      // no stop request reaches a group that has finished
-    if (g->grace_) {  // a grace timer may still wait: end it and wait for it
-      error_code grace_ec;
-      auto grace_token = asio::redirect_error(asio::use_awaitable, grace_ec);
-      g->grace_->cancel_all();
-      co_await g->grace_->async_join(g->ex_, grace_token);
-    }
+    g->detach();                        // no stop request reaches a group that has finished
+    co_await g->grace_.finish(g->ex_);  // a grace timer may still wait: end it, wait for it
     co_await asio::this_coro::throw_if_cancelled(throw_if_cancelled);
     if (g->progress_) g->progress_->finish();
     if (g->first_error_) std::rethrow_exception(g->first_error_);
@@ -308,14 +304,12 @@ class task_group final : public std::enable_shared_from_this<task_group>,
 
   // Fills free slots: queued children first, then waiting producers.
   void fill_slots() {
-    while (accepting() && running_ < limit_ && !waiting_.empty()) {
-      auto next = std::move(waiting_.front());
-      waiting_.pop_front();
-      start(std::move(next));
-    }
-    while (accepting() && running_ < limit_ && waiting_.empty() && !ready_.empty()) {
-      start(ready_.grant_front());
-    }
+    while (accepting() && running_ < limit_)
+      if (auto next = waiting_.next()) {
+        start(std::move(*next));
+      } else {
+        break;
+      }
   }
 
   // stop_source::request: stop accepting, drop what waits, cancel the body,
@@ -326,10 +320,8 @@ class task_group final : public std::enable_shared_from_this<task_group>,
     if (!draining_) {
       draining_ = true;
       quiet_abort_ = true;
-      auto dropped = std::move(waiting_);  // never started
-      waiting_.clear();
+      waiting_.drop_all();  // never started
       if (progress_) progress_->waiting(0);
-      ready_.refuse_all();
       cancel_body();
     }
     if (running_ == 0) return;
@@ -338,34 +330,28 @@ class task_group final : public std::enable_shared_from_this<task_group>,
       return;
     }
     const auto deadline = detail::add_saturating(sluice::now(ex_), grace);  // max(): forever
-    if (grace_deadline_ && *grace_deadline_ <= deadline) return;
-    grace_deadline_ = deadline;
-    if (!grace_) {
-      grace_ = std::make_shared<detail::child_set>();
-    } else {
-      grace_->cancel_all();  // a shorter grace replaces the running timer
-    }
-    grace_->spawn(ex_, grace_timer(shared_from_this(), deadline));
+    if (grace_.shorten(deadline)) start_grace_(*this, deadline);
   }
 
+  // What starts coroutines is compiled only where run() is (detail/lazy.hpp).
+  template <class Lazy>
+  void arm() noexcept {
+    nursery::arm<Lazy>();
+    start_grace_ = [](task_group& g, clock::time_point deadline) {
+      g.grace_.start(detail::lazy<Lazy>(g.ex_), grace_timer<Lazy>(g.shared_from_this(), deadline));
+    };
+  }
+
+  template <class Lazy>
   static asio::awaitable<void> grace_timer(std::shared_ptr<task_group> g,
                                            clock::time_point deadline) {
     try {
-      co_await detail::wait_until(g->ex_, detail::find_virtual_clock(g->ex_), deadline);
+      co_await detail::wait_until(detail::lazy<Lazy>(g->ex_), detail::find_virtual_clock(g->ex_),
+                                  deadline);
     } catch (...) {
       co_return;  // the group finished first, or a shorter grace replaced it
     }
     g->stop();
-  }
-
-  static bool is_aborted(const std::exception_ptr& e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const system_error& x) {
-      return x.code() == asio::error::operation_aborted;
-    } catch (...) {
-      return false;
-    }
   }
 
   // Counted before it runs: a child that ends without suspending ends inside launch().
@@ -380,9 +366,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   void stop() {
     if (stopping_) return;
     stopping_ = true;
-    auto dropped = std::move(waiting_);  // destroyed unstarted at scope exit
-    waiting_.clear();
-    ready_.refuse_all();
+    waiting_.drop_all();  // destroyed unstarted
     cancel_running();
   }
 
@@ -394,7 +378,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
 
   void fail(std::exception_ptr e) {
     // What a stop request cancelled ends with operation_aborted: not an error.
-    if (quiet_abort_ && is_aborted(e)) return;
+    if (quiet_abort_ && detail::is_operation_aborted(e)) return;
     if (!first_error_ && !was_parent_cancelled()) first_error_ = std::move(e);
     stop();
   }
@@ -409,14 +393,13 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   }
 
   std::size_t limit_;
-  std::deque<asio::awaitable<void>> waiting_;  // accepted, not started (FIFO)
-  detail::producer_queue ready_;               // producers in spawn_when_ready (FIFO)
-  std::size_t running_ = 0;                    // running children (not the body)
-  bool stopping_ = false;                      // cancelling everything
-  bool draining_ = false;                      // a stop request: no new children
-  bool quiet_abort_ = false;                   // operation_aborted is not a failure
-  std::optional<clock::time_point> grace_deadline_;
-  std::shared_ptr<detail::child_set> grace_;  // the grace timer, once a stop asked for one
+  detail::slot_queue waiting_;  // accepted, not started; producers in spawn_when_ready
+  std::size_t running_ = 0;     // running children (not the body)
+  bool stopping_ = false;       // cancelling everything
+  bool draining_ = false;       // a stop request: no new children
+  bool quiet_abort_ = false;    // operation_aborted is not a failure
+  detail::grace_period grace_;  // after a stop request: the running children's grace
+  void (*start_grace_)(task_group&, clock::time_point) = nullptr;  // set by arm()
   hooks_ptr progress_;
   std::exception_ptr first_error_;
   [[no_unique_address]] detail::affinity affinity_;

@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/lazy.hpp>
 #include <sluice/detail/virtual_clock.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -146,22 +147,22 @@ asio::awaitable<void, Executor> wait_until(const Executor& ex, virtual_clock_ser
 /// how every other operation of the caller reacts, and Asio keeps partial and
 /// total off by default because most coroutines cannot honour their "nothing
 /// happened" guarantees.
-template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+template <class Lazy = void>  // compiled only in the TUs that call it (detail/lazy.hpp)
 [[nodiscard]] inline asio::awaitable<void> sleep_until(clock::time_point deadline) {
   auto ex = co_await asio::this_coro::executor;
-  co_await detail::wait_until(ex, detail::find_virtual_clock(ex), deadline);
+  co_await detail::wait_until(detail::lazy<Lazy>(ex), detail::find_virtual_clock(ex), deadline);
 }
 
 namespace detail {
 
-template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+template <class Lazy = void>  // compiled only in the TUs that call it (detail/lazy.hpp)
 inline asio::awaitable<void> sleep_for(clock::duration duration) {
   auto ex = co_await asio::this_coro::executor;
   auto* v = detail::find_virtual_clock(ex);
   // Computed outside the co_await: g++ 12 miscompiles a ?: in a co_await operand.
   // Saturated: sleep(clock::duration::max()) sleeps forever, it does not wrap.
   const clock::time_point deadline = detail::add_saturating(v ? v->now() : clock::now(), duration);
-  co_await detail::wait_until(ex, v, deadline);
+  co_await detail::wait_until(detail::lazy<Lazy>(ex), v, deadline);
 }
 
 }  // namespace detail

@@ -4,6 +4,7 @@
 
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
+#include <sluice/detail/aborted.hpp>
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/range_holder.hpp>
 #include <sluice/gather.hpp>
@@ -64,17 +65,6 @@ class timeout_error : public std::runtime_error {
 };
 
 namespace detail {
-
-inline bool is_operation_aborted(const std::exception_ptr& e) {
-  if (!e) return false;
-  try {
-    std::rethrow_exception(e);
-  } catch (const system_error& x) {
-    return x.code() == asio::error::operation_aborted;
-  } catch (...) {
-    return false;
-  }
-}
 
 // What a race between a body and a deadline saw. Invariant: expired is set
 // only if the deadline passed while the body was still running.

@@ -22,7 +22,7 @@ class timeout_layer {
  public:
   /// The layer with time limit `limit`.
   explicit timeout_layer(clock::duration limit) : limit_(limit) {}
-  /// The same limit and count (move it before any call).
+  /// Moves the time limit and the timeout count.
   timeout_layer(timeout_layer&& o) noexcept : limit_(o.limit_), timeouts_(o.timeouts_.load()) {}
 
   /// `with_timeout(limit, next())`.

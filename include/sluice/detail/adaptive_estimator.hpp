@@ -8,9 +8,9 @@
 // reads target() after each event and moves its integer limit there.
 
 #include <sluice/adaptive_algorithms.hpp>
+#include <sluice/detail/doubles.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -58,9 +58,9 @@ class adaptive_estimator {
   // Compared as doubles first: a max near 2^64 rounds up to 2^64, which does
   // not convert back to std::size_t.
   [[nodiscard]] std::size_t target() const noexcept {
-    return std::floor(estimate_) >= static_cast<double>(max_)
+    return detail::floor(estimate_) >= static_cast<double>(max_)
                ? max_
-               : std::clamp(static_cast<std::size_t>(std::floor(estimate_)), min_, max_);
+               : std::clamp(static_cast<std::size_t>(detail::floor(estimate_)), min_, max_);
   }
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
 

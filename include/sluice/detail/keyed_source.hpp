@@ -4,163 +4,35 @@
 
 // The machinery of sluice::by_key (by_key.hpp): an async source that a
 // map_unordered pulls like any other, yielding its input's elements in the
-// order "the oldest input whose key has room", each with a ticket that holds
-// its key's room until the task that got it ends.
-//
-// key_state (shared by the source, every ticket and a pull in progress):
-// - keys_: per key, running (tickets alive) and queue (inputs pulled, not
-//   handed out, in input order: per-key FIFO). An entry exists only while
-//   running > 0 or its queue is non-empty.
-// - ready_: the keys with room (running < per_key) and a queued input, by the
-//   sequence number of their oldest one: begin() is the oldest input that
-//   may start. Invariant: a key is in ready_ iff running < per_key and its
-//   queue is non-empty.
-// - buffered_ = the inputs in all queues <= buffer_ (the pull stops there:
-//   backpressure on the input).
-// - At most one pull of the input at a time; for an async input it runs as a
-//   coroutine of its own (pulling_), so a key that frees meanwhile is served
-//   at once, not after the pull. A pull or a ticket's release that makes an
-//   input ready wakes the parked next() (one at most: map_unordered never
-//   calls next() concurrently).
+// order "the next input whose key has room" (detail/key_queues.hpp), each
+// with a ticket that holds its key's room until the task that got it ends.
+// The input is pulled into the key queues only while fewer than `buffer`
+// inputs wait there (backpressure on the input). At most one pull of the
+// input at a time; for an async input it runs as a coroutine of its own
+// (pulling), so a key that frees meanwhile is served at once, not after the
+// pull. A pull or a ticket's release that makes an input ready wakes the
+// parked next() (one at most: map_unordered never calls next()
+// concurrently).
 
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
 #include <sluice/detail/child_set.hpp>
-#include <sluice/detail/completion.hpp>
+#include <sluice/detail/key_queues.hpp>
 #include <sluice/detail/map_core.hpp>
 #include <sluice/detail/range_holder.hpp>
 
 #include <sluice/detail/asio.hpp>
 
 #include <cstddef>
-#include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <system_error>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 
 namespace sluice::detail {
-
-template <class U, class Key, class Hash>
-class key_state : public std::enable_shared_from_this<key_state<U, Key, Hash>> {
- public:
-  struct entry {
-    std::size_t running = 0;
-    std::deque<std::pair<std::uint64_t, U>> queue;
-  };
-  using map_type = std::unordered_map<Key, entry, Hash>;
-  using node = typename map_type::value_type;
-
-  // Holds one unit of its key's room; gives it back when destroyed.
-  class ticket {
-   public:
-    ticket(std::shared_ptr<key_state> s, node* n) noexcept : s_(std::move(s)), n_(n) {}
-    ticket(ticket&& o) noexcept : s_(std::move(o.s_)), n_(std::exchange(o.n_, nullptr)) {}
-    ticket& operator=(ticket&& o) noexcept {
-      if (this != &o) {
-        reset();
-        s_ = std::move(o.s_);
-        n_ = std::exchange(o.n_, nullptr);
-      }
-      return *this;
-    }
-    ~ticket() { reset(); }
-    void reset() noexcept {
-      if (n_ != nullptr) std::exchange(s_, nullptr)->release(std::exchange(n_, nullptr));
-    }
-
-   private:
-    std::shared_ptr<key_state> s_;
-    node* n_;
-  };
-
-  key_state(std::size_t per_key, std::size_t buffer) : per_key_(per_key), buffer_(buffer) {}
-
-  // Queues `value` under `key` (the pull's result).
-  void push(Key key, U value) {
-    auto [it, made] = keys_.try_emplace(std::move(key));
-    entry& e = it->second;
-    e.queue.emplace_back(seq_, std::move(value));
-    ++buffered_;
-    if (e.queue.size() == 1 && e.running < per_key_) ready_.emplace(seq_, &*it);
-    ++seq_;
-  }
-
-  // The oldest input whose key has room, with its ticket; empty if none.
-  std::optional<std::pair<ticket, U>> take() {
-    if (ready_.empty()) return std::nullopt;
-    node* n = ready_.begin()->second;
-    ready_.erase(ready_.begin());
-    entry& e = n->second;
-    std::pair<ticket, U> out(ticket(this->shared_from_this(), n),
-                             std::move(e.queue.front().second));
-    e.queue.pop_front();
-    --buffered_;
-    ++e.running;
-    if (e.running < per_key_ && !e.queue.empty()) ready_.emplace(e.queue.front().first, n);
-    return out;
-  }
-
-  [[nodiscard]] bool has_room() const noexcept { return buffered_ < buffer_; }
-  [[nodiscard]] std::size_t buffered() const noexcept { return buffered_; }
-  [[nodiscard]] std::size_t keys() const noexcept { return keys_.size(); }
-  [[nodiscard]] std::size_t per_key() const noexcept { return per_key_; }
-
-  // Waits for wake(): void(error_code). Cancellation completes it with
-  // operation_aborted. Completions are posted.
-  template <class Executor>
-  asio::awaitable<void, Executor> park(const Executor& ex) {
-    error_code ec;
-    auto token = asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec);
-    co_await asio::async_initiate<decltype(token), void(error_code)>(
-        [this, ex](auto handler) {
-          auto slot = asio::get_associated_cancellation_slot(handler);
-          if (slot.is_connected()) {
-            slot.assign([this](asio::cancellation_type type) {
-              if (type != asio::cancellation_type::none && parked_)
-                std::exchange(parked_, {}).complete(asio::error::operation_aborted);
-            });
-          }
-          parked_ = erased_handler<error_code>(std::move(handler), ex);
-        },
-        token);
-    if (ec) throw system_error(ec, "sluice::by_key");
-  }
-
-  void wake() {
-    if (parked_) std::exchange(parked_, {}).complete(error_code());
-  }
-
-  bool pulling = false;      // a pull of an async input runs
-  bool input_done = false;   // the input has ended
-  std::exception_ptr error;  // the input's (or the key function's) failure
-
- private:
-  void release(node* n) noexcept {
-    entry& e = n->second;
-    --e.running;
-    if (e.running + 1 == per_key_ && !e.queue.empty()) {
-      ready_.emplace(e.queue.front().first, n);  // (noexcept enough: a node of a small map)
-      wake();
-    } else if (e.running == 0 && e.queue.empty()) {
-      keys_.erase(n->first);
-    }
-  }
-
-  std::size_t per_key_;
-  std::size_t buffer_;
-  std::size_t buffered_ = 0;
-  std::uint64_t seq_ = 0;
-  map_type keys_;
-  std::map<std::uint64_t, node*> ready_;
-  erased_handler<error_code> parked_;
-};
 
 // What the source hands the worker: the input and its ticket.
 template <class U, class Ticket>
@@ -189,25 +61,30 @@ class keyed_source {
  public:
   using item = keyed_input<value_type, typename state::ticket>;
 
-  keyed_source(In&& in, KeyFn key, std::size_t per_key, std::size_t buffer)
-      : state_(std::make_shared<state>(per_key, buffer)),
+  keyed_source(In&& in, KeyFn key, std::size_t per_key, std::size_t buffer, bool most_waiting)
+      : state_(std::make_shared<state>(per_key, buffer, most_waiting)),
         shared_(std::make_shared<shared>(std::forward<In>(in), std::move(key))) {}
 
-  // The next input to start: the oldest whose key has room. Waits (holding
-  // nothing) while every buffered input's key is full and the buffer is full
-  // or the input has nothing more now. Empty at the end of the input once
-  // everything buffered was handed out.
+  // The next input to start: the oldest whose key has room (most_waiting:
+  // of the key with the most buffered inputs, after pulling as far as the
+  // buffer or what the input has now). Waits (holding nothing) while every
+  // buffered input's key is full and the buffer is full or the input has
+  // nothing more now. Empty at the end of the input once everything buffered
+  // was handed out.
   asio::awaitable<std::optional<item>, Executor> next() {
     const Executor ex = co_await asio::this_coro::executor;
     for (;;) {
       if (auto e = std::exchange(state_->error, nullptr)) std::rethrow_exception(e);
-      if (auto t = state_->take()) co_return item{std::move(t->first), std::move(t->second)};
+      const bool can_pull = !state_->input_done && !state_->pulling && state_->has_room();
+      if (!(can_pull && state_->most_waiting()))
+        if (auto t = state_->take()) co_return item{std::move(t->first), std::move(t->second)};
       if (state_->input_done && !state_->pulling && state_->buffered() == 0) co_return std::nullopt;
-      if (!state_->input_done && !state_->pulling && state_->has_room()) {
+      if (can_pull) {
         if constexpr (is_async) {
           state_->pulling = true;
           shared_->pulls->spawn(ex, pull(state_, shared_));
           if (!state_->pulling) continue;  // it finished inside spawn (co_spawn dispatches)
+          if (auto t = state_->take()) co_return item{std::move(t->first), std::move(t->second)};
         } else {
           if (shared_->input.done()) {
             state_->input_done = true;

@@ -9,6 +9,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/lazy.hpp>
 #include <sluice/detail/loop_service.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -35,16 +36,22 @@ class nursery {
  protected:
   explicit nursery(asio::any_io_executor ex) : ex_(std::move(ex)) {}
 
+  // Called by the owner's template entry before the first launch(): co_spawn's
+  // entry point is a coroutine, compiled only in the TUs that instantiate
+  // this (detail/lazy.hpp); launch() reaches it through a pointer.
+  template <class Lazy>
+  void arm() noexcept {
+    spawn_ = &spawn<Lazy>;
+  }
+
   // Starts `a` (Asio's co_spawn dispatches: it runs inline up to its first
-  // suspension, and may even finish inside this call).
+  // suspension, and may even finish inside this call). Precondition: armed.
   void launch(asio::awaitable<void> a, bool is_body) {
     nodes_.emplace_back();
     auto it = std::prev(nodes_.end());
     it->is_body = is_body;
     if (is_body) body_ = it;
-    asio::co_spawn(ex_, std::move(a),
-                   asio::bind_cancellation_slot(
-                       it->signal.slot(), done_handler{owner().shared_from_this(), this, it}));
+    spawn_(*this, std::move(a), it);
   }
 
   // Terminal cancellation to every running coroutine (the body included).
@@ -105,6 +112,14 @@ class nursery {
     void operator()(std::exception_ptr e) const { self->done(it, std::move(e)); }
   };
 
+  template <class Lazy>
+  static void spawn(nursery& n, asio::awaitable<void> a, node_iter it) {
+    asio::co_spawn(
+        n.ex_, std::move(a),
+        asio::bind_cancellation_slot(
+            it->signal.slot(), lazy<Lazy>(done_handler{n.owner().shared_from_this(), &n, it})));
+  }
+
   Owner& owner() noexcept { return static_cast<Owner&>(*this); }
 
   error_code join_result() const noexcept {
@@ -120,6 +135,7 @@ class nursery {
     if (nodes_.empty() && joiner_) joiner_.complete(join_result());
   }
 
+  void (*spawn_)(nursery&, asio::awaitable<void>, node_iter) = nullptr;  // set by arm()
   std::list<node> nodes_;          // the body and the running children
   std::optional<node_iter> body_;  // the body's node while it runs
   bool parent_cancelled_ = false;

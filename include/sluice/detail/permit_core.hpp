@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/lazy.hpp>
 #include <sluice/detail/stats_recorder.hpp>
 #include <sluice/detail/wait_bound.hpp>
 #include <sluice/detail/waiter_list.hpp>
@@ -188,11 +189,11 @@ class permit_core {
   // As acquire(), but the wait ignores cancellation (condition::wait
   // re-acquires its lock even when cancelled). The caller disables
   // throw_if_cancelled around the co_await.
-  template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
+  template <class Lazy = void>  // compiled only in the TUs that call it (detail/lazy.hpp)
   asio::awaitable<void> acquire_uncancellable() {
     if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
-    co_await async_acquire(asio::use_awaitable, false);
+    co_await async_acquire(lazy<Lazy>(asio::use_awaitable), false);
   }
 
   // A condition wait() whose frame is destroyed (its loop destroyed) between

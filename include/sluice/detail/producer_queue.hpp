@@ -2,11 +2,14 @@
 #ifndef SLUICE_DETAIL_PRODUCER_QUEUE_HPP
 #define SLUICE_DETAIL_PRODUCER_QUEUE_HPP
 
-// The producers waiting in task_group::spawn_when_ready for a slot: FIFO,
-// each with its child (not started) and its handler, void(error_code, bool).
+// The producers waiting in task_group::spawn_when_ready for a slot (and in
+// keyed_task_group::spawn_when_ready for room in the key queues): FIFO, each
+// with its item (a child not started, or a key and a child) and its handler,
+// void(error_code, bool).
 
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
+#include <sluice/detail/lazy.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -22,9 +25,10 @@ namespace sluice::detail {
 // an entry leaves the list exactly once: granted (grant_front), refused
 // (refuse_all) or cancelled (its slot's handler), and its handler completes
 // through a post each time. Nodes live in a std::list: erasure is O(1).
+template <class Item = asio::awaitable<void>>
 class producer_queue {
   struct waiter {
-    asio::awaitable<void> child;
+    Item child;
     erased_handler<error_code, bool> handler;
   };
 
@@ -37,9 +41,11 @@ class producer_queue {
   // unstarted; the wait then completes with operation_aborted. Completions
   // are posted, never run inside the call that caused them; `ex` is where a
   // handler without an executor of its own runs.
-  asio::awaitable<bool> wait(asio::any_io_executor ex, asio::awaitable<void> child) {
+  // A template: compiled only in the TUs that call it (detail/lazy.hpp).
+  template <class Lazy = void>
+  asio::awaitable<bool> wait(asio::any_io_executor ex, Item child) {
     return asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code, bool)>(
-        [this, ex](auto handler, asio::awaitable<void> c) {
+        [this, ex](auto handler, Item c) {
           list_.push_back(waiter{std::move(c), {}});
           auto it = std::prev(list_.end());
           auto slot = asio::get_associated_cancellation_slot(handler);
@@ -58,12 +64,12 @@ class producer_queue {
           }
           it->handler = erased_handler<error_code, bool>(std::move(handler), ex);
         },
-        asio::use_awaitable, std::move(child));
+        lazy<Lazy>(asio::use_awaitable), std::move(child));
   }
 
   // The oldest producer gets its slot: its wait completes with true (posted)
   // and its child is returned, for the caller to start. Precondition: !empty().
-  asio::awaitable<void> grant_front() {
+  Item grant_front() {
     auto w = std::move(list_.front());
     list_.pop_front();
     w.handler.complete(error_code(), true);  // clears its slot, posts

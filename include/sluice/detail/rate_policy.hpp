@@ -7,11 +7,11 @@
 // waiters over them.
 
 #include <sluice/config.hpp>
+#include <sluice/detail/doubles.hpp>
 #include <sluice/detail/virtual_clock.hpp>
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <deque>
 #include <stdexcept>
@@ -168,11 +168,11 @@ class sliding_window {
 class bucket {
  public:
   bucket(double rate_per_second, std::size_t burst, const char* who) : burst_(burst) {
-    if (!(rate_per_second > 0.0) || !std::isfinite(rate_per_second))
+    if (!(rate_per_second > 0.0) || !is_finite(rate_per_second))
       throw std::invalid_argument(std::string(who) +
                                   ": rate_per_second must be positive and finite");
     if (burst == 0) throw std::invalid_argument(std::string(who) + ": burst must be at least 1");
-    const double ns = std::round(1e9 / rate_per_second);
+    const double ns = detail::round(1e9 / rate_per_second);
     if (ns < 1.0)
       throw std::invalid_argument(std::string(who) +
                                   ": rate_per_second above 1e9 (one token per nanosecond)");
@@ -227,7 +227,7 @@ class bucket {
   // For stats(): the tokens taken and not refilled yet at `now` (a token
   // partly refilled counts as taken), and the burst.
   [[nodiscard]] std::size_t in_use(clock::time_point now) const noexcept {
-    const double taken = std::ceil(static_cast<double>(burst_) - tokens(now));
+    const double taken = detail::ceil(static_cast<double>(burst_) - tokens(now));
     return taken <= 0 ? 0 : static_cast<std::size_t>(taken);
   }
   [[nodiscard]] std::size_t limit() const noexcept { return burst_; }

@@ -5,8 +5,8 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/completion.hpp>
 #include <sluice/detail/stats_recorder.hpp>
-#include <sluice/lock.hpp>
 #include <sluice/redis/connection.hpp>
+#include <sluice/redis/detail/rate_state.hpp>
 #include <sluice/redis/detail/script.hpp>
 #include <sluice/stats.hpp>
 
@@ -14,7 +14,6 @@
 
 #include <chrono>
 #include <cstddef>
-#include <deque>
 #include <exception>
 #include <memory>
 #include <stdexcept>
@@ -23,70 +22,7 @@
 #include <vector>
 
 namespace sluice::detail {
-
-// KEYS: the window (zset member -> start time, server microseconds). ARGV:
-// calls, per (us), n, member prefix, mode ('wait' or 'try'). Returns 0 when
-// the n starts were recorded, else how many microseconds until the oldest
-// start that blocks them leaves the window (-1 in 'try' mode).
-inline constexpr const char* redis_rate_acquire_lua = R"lua(
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local calls, per, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - per)
-local count = redis.call('ZCARD', KEYS[1])
-if count + n <= calls then
-  for i = 1, n do redis.call('ZADD', KEYS[1], now, ARGV[4] .. ':' .. i) end
-  redis.call('PEXPIRE', KEYS[1], math.ceil(per / 1000) + 1000)
-  return 0
-end
-if ARGV[5] == 'try' then return -1 end
-local k = count + n - calls - 1
-local oldest = redis.call('ZRANGE', KEYS[1], k, k, 'WITHSCORES')
-local wait = tonumber(oldest[2]) + per - now
-if wait < 1 then wait = 1 end
-return wait
-)lua";
-
-// KEYS: the window. ARGV: calls, per (us). Returns how many starts fit now
-// (read-only: the window is counted from now - per, not trimmed).
-inline constexpr const char* redis_rate_status_lua = R"lua(
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local used = redis.call('ZCOUNT', KEYS[1], string.format('(%.0f', now - tonumber(ARGV[2])), '+inf')
-return math.max(tonumber(ARGV[1]) - used, 0)
-)lua";
-
-struct redis_rate_state {
-  std::shared_ptr<redis::connection> conn;
-  std::string key;
-  std::size_t calls;
-  std::chrono::microseconds per;
-  redis_script acquire{redis_rate_acquire_lua, {}};
-  redis_script status{redis_rate_status_lua, {}};
-  sluice::lock order;  // local waiters, FIFO: one at a time asks the server
-  std::size_t waiting = 0;
-  // stats(): this client's grants, throttles and cancelled waits, and its
-  // starts of the last `per` by the local clock (oldest first; trimmed at
-  // each grant, so at most about a window's worth).
-  stats_sink stats;
-  std::deque<std::pair<clock::time_point, std::size_t>> starts;
-
-  void granted(std::size_t n, clock::time_point asked) {
-    const auto now = clock::now();
-    ++stats.acquired;
-    stats.record_wait(now - asked);
-    while (!starts.empty() && starts.front().first <= now - per) starts.pop_front();
-    starts.emplace_back(now, n);
-  }
-  [[nodiscard]] std::size_t in_window() const noexcept {
-    const auto now = clock::now();
-    std::size_t units = 0;
-    for (const auto& [at, n] : starts)
-      if (at > now - per) units += n;
-    return units;
-  }
-};
-
+struct redis_all_access;
 }  // namespace sluice::detail
 
 namespace sluice::redis {
@@ -95,7 +31,8 @@ namespace sluice::redis {
 /// process that uses the same Redis server and `name`: at most `calls`
 /// acquisitions start within any window of length `per`, across the fleet.
 ///
-/// The window is a sorted set of start times (`sluice:rate:{<name>}`), trimmed,
+/// The window is a sorted set of start times (`sluice:rate:{<name>}`, or
+/// `sluice:rate:<name>` for a name with its own hash tag), trimmed,
 /// counted and appended to in one Lua script run atomically by Redis, with the
 /// server's clock (`TIME`, microseconds): the clients' clocks do not matter.
 /// When the window is full the script returns how long until the oldest
@@ -131,8 +68,10 @@ class rate_limiter {
   /// A limiter of `calls` starts per `per` named `name` on `conn`'s server.
   /// Throws `std::invalid_argument` if `calls == 0` or above 2^53 (Lua
   /// numbers are doubles), `per` is not positive (microsecond resolution),
-  /// `conn` is null, or `name` is empty or has a brace (it is the key's
-  /// `{hash tag}`).
+  /// `conn` is null, or `name` is empty or has a brace other than one leading
+  /// hash tag (the name is the key's `{hash tag}`, or carries its own:
+  /// `"{account}:rpm"`, so that limits of one account share a slot for
+  /// `redis::acquire_all`).
   template <class Rep, class Period>
   rate_limiter(std::shared_ptr<connection> conn, std::string name, std::size_t calls,
                std::chrono::duration<Rep, Period> per) {
@@ -146,7 +85,7 @@ class rate_limiter {
     if (us.count() <= 0) throw std::invalid_argument("sluice::redis::rate_limiter: per <= 0");
     st_ = std::make_shared<detail::redis_rate_state>();
     st_->conn = std::move(conn);
-    st_->key = "sluice:rate:{" + name + "}";
+    st_->key = detail::redis_tagged("sluice:rate:", name);
     st_->calls = calls;
     st_->per = us;
   }
@@ -217,6 +156,20 @@ class rate_limiter {
     co_return static_cast<std::size_t>(r.integer);
   }
 
+  /// `n` units of this limiter as one budget of `redis::acquire_all`
+  /// (`tpm.weighted(tokens)`); the limiter must outlive the call. Throws
+  /// `std::invalid_argument` at once if `n == 0` or `n > calls` (it would
+  /// never fit in the window).
+  struct weighted_budget {
+    rate_limiter& limiter;  ///< the limiter
+    std::size_t n;          ///< the units asked for
+  };
+  /// See `weighted_budget`.
+  [[nodiscard]] weighted_budget weighted(std::size_t n) {
+    check(n);
+    return {*this, n};
+  }
+
   /// acquire() calls of this process waiting now.
   [[nodiscard]] std::size_t waiters() const noexcept { return st_->waiting; }
   /// What this client has done and is doing (see `sluice::stats`), with no
@@ -238,6 +191,7 @@ class rate_limiter {
   [[nodiscard]] const std::string& key() const noexcept { return st_->key; }
 
  private:
+  friend struct detail::redis_all_access;
   using state = detail::redis_rate_state;
 
   void check(std::size_t n) const {

@@ -24,6 +24,10 @@
 #include <string>
 #include <utility>
 
+namespace sluice::detail {
+struct redis_all_access;
+}  // namespace sluice::detail
+
 namespace sluice::redis {
 
 /// Tuning of a `redis::semaphore`; zero means the default described there.
@@ -155,7 +159,9 @@ class semaphore {
   /// leases of `lease`. Throws `std::invalid_argument` if `permits == 0` or
   /// above 2^53 (Lua numbers are doubles), `lease < 30 ms` (renewals need a
   /// few round trips of slack), `conn` is null, or `name` is empty or has a
-  /// brace (it is the keys' `{hash tag}`). Sends nothing yet. `lease` takes
+  /// brace other than one leading hash tag (the name is the keys' `{hash
+  /// tag}`, or carries its own: `"{account}:conc"`, so that limits of one
+  /// account share a slot for `redis::acquire_all`). Sends nothing yet. `lease` takes
   /// any duration, saturated (then counted in whole milliseconds).
   template <class Rep, class Period>
   semaphore(std::shared_ptr<connection> conn, std::string name, std::size_t permits,
@@ -309,7 +315,8 @@ class semaphore {
   [[nodiscard]] sluice::stats stats() const noexcept {
     return st_->stats.read(st_->waiters.size(), st_->held.size(), st_->permits);
   }
-  /// The Redis keys and channel prefix: `sluice:sem:{<name>}:` followed by
+  /// The Redis keys and channel prefix: `sluice:sem:{<name>}:` (or
+  /// `sluice:sem:<name>:` for a name with its own hash tag) followed by
   /// `holders`, `queue`, `alive`, `ticket`, `meta`, `fence`, `released`.
   [[nodiscard]] std::string key_prefix() const { return st_->prefix; }
 
@@ -319,6 +326,7 @@ class semaphore {
   [[nodiscard]] asio::awaitable<void> close() { return detail::redis_sem_close(st_); }
 
  private:
+  friend struct detail::redis_all_access;
   std::shared_ptr<state> st_;
 };
 

@@ -3,6 +3,7 @@
 #define SLUICE_TESTING_SLOW_SERVICE_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/lazy.hpp>
 #include <sluice/retry.hpp>
 #include <sluice/testing/call_models.hpp>
 #include <sluice/testing/quota.hpp>
@@ -140,6 +141,7 @@ class slow_service {
 
   /// One call: waits for its latency, then returns or throws. `tokens` is its
   /// weight against `quota::tokens_per_window` (an LLM request's tokens).
+  template <class Lazy = void>  // compiled only in the TUs that call it (detail/lazy.hpp)
   [[nodiscard]] asio::awaitable<void> call(std::string key = {}, std::string op = {},
                                            std::size_t tokens = 1) {
     auto ex = co_await asio::this_coro::executor;
@@ -215,7 +217,7 @@ class slow_service {
       }
     } on_exit{global_, ks, end, key_end};
     try {
-      co_await sluice::detail::wait_until(ex, vclock, until);
+      co_await sluice::detail::wait_until(sluice::detail::lazy<Lazy>(ex), vclock, until);
     } catch (...) {
       leave(key);
       ++cancellations_;

@@ -111,12 +111,24 @@ void redis_eval_detached_reply(redis::connection& conn, const redis_script& s,
 
 // Throws std::invalid_argument for a name that would break the `{hash tag}`
 // of the keys (all keys of one limit must share one Cluster slot): empty, or
-// containing a brace.
+// with braces other than one leading non-empty hash tag ("{account}:rpm").
 inline void redis_check_name(const std::string& name, const char* who) {
-  if (name.empty() || name.find_first_of("{}") != std::string::npos)
+  const auto close = name.find('}');
+  const bool tagged = !name.empty() && name[0] == '{' && close != std::string::npos && close > 1 &&
+                      name.find_first_of("{}", 1) == close &&
+                      name.find_first_of("{}", close + 1) == std::string::npos;
+  if (name.empty() || (name.find_first_of("{}") != std::string::npos && !tagged))
     throw std::invalid_argument(std::string(who) +
-                                ": the name must be non-empty and contain no '{' or '}' (it is "
-                                "the keys' {hash tag})");
+                                ": the name must be non-empty, with no '{' or '}' except one "
+                                "leading hash tag such as \"{account}:rpm\" (the keys' {hash "
+                                "tag} keeps a limit in one Cluster slot)");
+}
+
+// The key stem of a limit named `name` (checked by redis_check_name): the
+// name is the hash tag, or carries its own ("{account}:rpm"), so limits that
+// share a tag share a slot (one redis::acquire_all call needs that).
+inline std::string redis_tagged(const char* prefix, const std::string& name) {
+  return name[0] == '{' ? prefix + name : prefix + ("{" + name + "}");
 }
 
 // Throws std::invalid_argument for a count Lua cannot hold exactly (its

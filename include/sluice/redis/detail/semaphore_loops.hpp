@@ -161,7 +161,8 @@ inline asio::awaitable<redis_sem_state::held_ptr> redis_sem_acquire(
   };
   try {
     if (cancelled() || st->stopped) throw system_error(asio::error::operation_aborted);
-    redis_sem_state::waiter w{redis_unique_id(), asio::steady_timer(st->conn->get_executor())};
+    asio::steady_timer timer(st->conn->get_executor());
+    redis_sem_state::waiter w{redis_unique_id(), &timer};
     st->waiters.push_back(&w);
     auto it = std::prev(st->waiters.end());
     struct unlink {
@@ -187,10 +188,10 @@ inline asio::awaitable<redis_sem_state::held_ptr> redis_sem_acquire(
       if (!cancelled() && !st->stopped) {
         if (!st->subscribed && !st->subscribing) co_await redis_sem_subscribe(st);
         if (!w.kick && !cancelled() && !st->stopped) {
-          w.timer.expires_after(st->poll);
+          timer.expires_after(st->poll);
           error_code ec;
           auto token = asio::redirect_error(asio::use_awaitable, ec);
-          co_await w.timer.async_wait(token);
+          co_await timer.async_wait(token);
         }
       }
       if (cancelled() || st->stopped) {

@@ -71,10 +71,12 @@ struct redis_sem_held {
 struct redis_sem_state {
   using held_ptr = std::shared_ptr<redis_sem_held>;
 
-  // One acquire() waiting in this process, in the frame of its coroutine.
+  // One acquire() (or redis::acquire_all) waiting in this process, in the
+  // frame of its coroutine, which owns the timer (an acquire_all call has a
+  // waiter in each of its semaphores, all on its one timer).
   struct waiter {
     std::string id;
-    asio::steady_timer timer;
+    asio::steady_timer* timer;
     bool kick = false;  // a release was announced while it was not sleeping
   };
 
@@ -119,7 +121,7 @@ struct redis_sem_state {
         grace_margin(grace / 50 + std::chrono::milliseconds(5)),
         renew_timer(conn->get_executor()),
         watchdog(conn->get_executor()) {
-    prefix = "sluice:sem:{" + name + "}:";
+    prefix = redis_tagged("sluice:sem:", name) + ":";
     for (const char* k : {"holders", "queue", "alive", "ticket", "meta", "fence"})
       keys.push_back(prefix + k);
     channel = prefix + "released";
@@ -131,7 +133,7 @@ struct redis_sem_state {
     for (waiter* w : waiters) {
       if (n-- == 0) break;
       w->kick = true;
-      w->timer.cancel();
+      w->timer->cancel();
     }
   }
 

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_KEYED_TASK_GROUP_HPP
+#define SLUICE_KEYED_TASK_GROUP_HPP
+
+#include <sluice/by_key_options.hpp>
+#include <sluice/config.hpp>
+#include <sluice/detail/key_queues.hpp>
+#include <sluice/detail/producer_queue.hpp>
+#include <sluice/task_group.hpp>
+
+#include <sluice/detail/asio.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+namespace sluice {
+
+template <class Key, class Hash>
+class keyed_task_group;
+
+/// A body for `keyed_task_group<Key, Hash>::run`: called once with the group,
+/// it returns the `asio::awaitable<void>` that spawns the children.
+template <class F, class Key, class Hash>
+concept keyed_task_group_body = std::invocable < F&,
+        keyed_task_group<Key, Hash>
+& > &&std::same_as<std::invoke_result_t<F&, keyed_task_group<Key, Hash>&>, asio::awaitable<void>>;
+
+/// A `task_group` whose children have keys (hosts, tenants, accounts): at
+/// most `limit` children run at once, at most `per_key` of one key, and a
+/// slot goes to the oldest child whose key has room, never to a child that
+/// would then wait for its key.
+///
+/// - `g.spawn(key, child)` queues the child in its key's FIFO queue; it
+///   starts, unstarted until then, once its key has room and a slot is free
+///   (children of a busy key wait outside the slots: a burst of one key never
+///   blocks the others). With `.order = key_order::most_waiting` a free slot
+///   goes to the key with the most children waiting instead (the oldest key
+///   first among equals); order within a key is always spawn order.
+/// - Backpressure: at most `buffer` children wait for their key's room;
+///   `co_await g.spawn_when_ready(key, child)` waits (FIFO among producers)
+///   while that many wait. `spawn` never waits: it queues past the bound (a
+///   child spawning its discoveries must not block), so a producer that can
+///   outrun the group uses `spawn_when_ready`.
+/// - Everything else is `task_group::run(limit, body)`'s: the body and every
+///   child run on the caller's executor; the first failure cancels every
+///   running child (terminal), drops the waiting ones unstarted, waits for
+///   all and is rethrown; cancelling the caller does the same and throws
+///   `operation_aborted`; a caller cancelled before the call starts nothing;
+///   nothing spawned outlives `run`.
+/// - Why a type of its own and not `task_group::spawn(key, child)`: the key
+///   type is a template parameter here (any key `Hash` and `==` accept),
+///   and `task_group` stays what it was for everyone who spawns without keys.
+///   It is built on a `task_group`: the children it starts are that group's.
+/// - After a failure, nothing more starts: children waiting for their key are
+///   destroyed unstarted, and producers still waiting in `spawn_when_ready`
+///   resume with false, at the latest when `run` ends (the body and the
+///   children, the usual producers, are cancelled at once anyway).
+/// - Not offered (yet): `task_group`'s `stop_source` and `progress` overloads,
+///   and a per-key limit given as a `keyed_semaphore` shared with other code.
+///
+/// Lifetimes: as `task_group`'s (the body object and the caller's frame
+/// outlive every child; the body coroutine's own locals do not). Loop-affine:
+/// call `spawn` and `spawn_when_ready` from the group's body and children.
+///
+/// @code
+/// co_await sluice::keyed_task_group<std::string>::run(
+///     8, 2, [&](sluice::keyed_task_group<std::string>& g) -> asio::awaitable<void> {
+///       for (auto& url : urls) g.spawn(host_of(url), fetch(url));  // 8 at once, 2 per host
+///       co_return;
+///     });
+/// @endcode
+template <class Key, class Hash = std::hash<Key>>
+class keyed_task_group {
+  using state = detail::key_state<asio::awaitable<void>, Key, Hash>;
+  using ticket = typename state::ticket;
+  struct tag {};
+
+ public:
+  /// Runs `body(group)` and every child it spawns, at most `limit` at once and
+  /// `per_key` of one key, with the default options (`buffer` 1024, oldest
+  /// first); completes when all have finished. Throws `std::invalid_argument`
+  /// at once when `limit`, `per_key` or `o.buffer` is 0.
+  template <keyed_task_group_body<Key, Hash> Body>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, std::size_t per_key, Body body,
+                                                 by_key_options o = {}) {
+    if (limit == 0 || per_key == 0 || o.buffer == 0)
+      throw std::invalid_argument(
+          "sluice::keyed_task_group::run: limit, per_key and buffer must be at least 1");
+    return run_impl(limit, per_key, std::move(body), o);
+  }
+
+  /// Queues `child` under `key`; it starts once its key has room and a slot
+  /// is free (see the class comment). Returns true if accepted; false, with
+  /// `child` destroyed unstarted, once the group has begun to stop.
+  bool spawn(Key key, asio::awaitable<void> child) {
+    if (g_->stopping()) return false;
+    keys_->push(std::move(key), std::move(child));
+    pump(0);
+    return true;
+  }
+
+  /// As `spawn`, but waits while `buffer` children wait for their key's room
+  /// (producers in FIFO order). Resumes (on the awaiting coroutine's
+  /// executor) with true once `child` is accepted (started or queued for its
+  /// key), at once when there is room and no producer waits; with false,
+  /// `child` destroyed unstarted, when the group stops first.
+  ///
+  /// Per-Operation Cancellation (terminal, partial, total): a waiting call is
+  /// removed, `child` is destroyed unstarted and `system_error`
+  /// (`operation_aborted`) is thrown; a place that freed meanwhile goes to
+  /// the next producer. A caller whose cancellation was requested before the
+  /// call starts nothing and throws `operation_aborted`.
+  [[nodiscard]] asio::awaitable<bool> spawn_when_ready(Key key, asio::awaitable<void> child) {
+    const auto cs = co_await asio::this_coro::cancellation_state;
+    if (cs.cancelled() != asio::cancellation_type::none)
+      throw system_error(asio::error::operation_aborted,
+                         "sluice::keyed_task_group::spawn_when_ready");
+    if (g_->stopping()) co_return false;
+    if (producers_.empty() && keys_->buffered() < buffer_)
+      co_return spawn(std::move(key), std::move(child));
+    co_return co_await producers_.wait(co_await asio::this_coro::executor,
+                                       {std::move(key), std::move(child)});
+  }
+
+  /// Children accepted and not yet finished: running, about to start, and
+  /// waiting for their key.
+  [[nodiscard]] std::size_t size() const noexcept { return g_->size() + keys_->buffered(); }
+  /// Children started and not yet finished (at most the limit).
+  [[nodiscard]] std::size_t running() const noexcept { return g_->running(); }
+  /// Children waiting for their key's room.
+  [[nodiscard]] std::size_t waiting() const noexcept { return keys_->buffered(); }
+  /// Keys with a child running or waiting.
+  [[nodiscard]] std::size_t keys() const noexcept { return keys_->keys(); }
+  /// Producers waiting in `spawn_when_ready`.
+  [[nodiscard]] std::size_t producers_waiting() const noexcept { return producers_.size(); }
+  /// True once the group has begun to stop (a failure, a cancellation).
+  [[nodiscard]] bool stopping() const noexcept { return g_->stopping(); }
+
+  /// Made only by `run`.
+  keyed_task_group(tag, std::size_t per_key, by_key_options o)
+      : keys_(std::make_shared<state>(per_key, o.buffer, o.order == key_order::most_waiting)),
+        buffer_(o.buffer) {}
+  keyed_task_group(const keyed_task_group&) = delete;
+  keyed_task_group& operator=(const keyed_task_group&) = delete;
+
+ private:
+  template <class Body>
+  static asio::awaitable<void> run_impl(std::size_t limit, std::size_t per_key, Body body,
+                                        by_key_options o) {
+    keyed_task_group self(tag{}, per_key, o);  // outlives every child: run awaits them
+    struct on_exit {
+      keyed_task_group& self;
+      ~on_exit() { self.producers_.refuse_all(); }
+    } exit{self};
+    co_await task_group::run(limit, [&](task_group& g) {
+      self.g_ = &g;
+      return body(self);
+    });
+  }
+
+  // Moves the children that may start into the group: while it has a free
+  // slot (counting `leaving`, the child calling from its end), the next
+  // child whose key has room; then lets waiting producers into the freed
+  // places. Once the group stops, drops what waits instead.
+  void pump(std::size_t leaving) {
+    if (g_->stopping()) {
+      keys_->drop_queued();
+      producers_.refuse_all();
+      return;
+    }
+    for (;;) {
+      while (!producers_.empty() && keys_->buffered() < buffer_) {
+        auto [key, child] = producers_.grant_front();
+        keys_->push(std::move(key), std::move(child));
+      }
+      if (g_->size() - leaving >= g_->limit()) return;
+      auto next = keys_->take();
+      if (!next) return;
+      g_->spawn(run_child(this, std::move(next->first), std::move(next->second)));
+    }
+  }
+
+  // A child holding its key's room; at its end (a normal one) the room and
+  // the slot go on.
+  static asio::awaitable<void> run_child(keyed_task_group* self, ticket t,
+                                         asio::awaitable<void> child) {
+    std::exception_ptr error;
+    try {
+      co_await std::move(child);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    t.reset();
+    // A failure stops the group (task_group::run): nothing more starts, not
+    // even in the instant before the group learns of it.
+    if (error) std::rethrow_exception(error);
+    self->pump(1);
+  }
+
+  task_group* g_ = nullptr;
+  std::shared_ptr<state> keys_;  // children waiting for their key; the keys' room
+  std::size_t buffer_;
+  detail::producer_queue<std::pair<Key, asio::awaitable<void>>> producers_;
+};
+
+}  // namespace sluice
+
+#endif  // SLUICE_KEYED_TASK_GROUP_HPP
