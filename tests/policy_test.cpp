@@ -12,13 +12,17 @@
 #include <sluice/shed.hpp>
 #include <sluice/timeout_layer.hpp>
 
+#include <sluice/adaptive_limit.hpp>
 #include <sluice/gather.hpp>
+#include <sluice/keyed_rate_limiter.hpp>
+#include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/semaphore.hpp>
 #include <sluice/shared_semaphore.hpp>
 #include <sluice/strand_bound.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
+#include <sluice/token_bucket.hpp>
 
 #include <support/asio.hpp>
 
@@ -30,6 +34,7 @@
 #include <chrono>
 #include <cstddef>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -112,6 +117,29 @@ asio::awaitable<void> at(ns delay, F call, ended& out) {
     out.error = std::current_exception();
   }
   out.at = co_await vnow();
+}
+
+// Four callers of `call` (each holding a place of `cap`, a limit of 1 with
+// room for 2 waiters, for 1 s) at 0 s: three run one after another, the
+// fourth, which saw 2 waiting, is shed at once. Returns how each ended.
+template <class Limit, class Call>
+std::vector<ended> three_run_one_shed(virtual_loop& loop, Limit& cap, Call call) {
+  std::vector<ended> e(4);
+  std::size_t waiters_at_shed = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto fourth = [&]() -> asio::awaitable<void> {
+      waiters_at_shed = cap.waiters();
+      co_await call();
+    };
+    co_await sluice::gather(at(0s, call, e[0]), at(0s, call, e[1]), at(0s, call, e[2]),
+                            at(0s, fourth, e[3]));
+  });
+  CHECK(waiters_at_shed == 2);
+  CHECK(e[0].at == 1s);
+  CHECK(e[1].at == 2s);
+  CHECK(e[2].at == 3s);
+  CHECK(e[3].at == 0s);  // at once
+  return e;
 }
 
 }  // namespace
@@ -200,6 +228,66 @@ TEST_CASE("retry_layer passes the backoff's on_retry hook on and counts retries"
   CHECK(loop.now() == 3s);
 }
 
+TEST_CASE("a call's weight takes that many units of each weighted budget, 1 without a weight",
+          "[policy]") {
+  virtual_loop loop;
+  sluice::semaphore cap{8};
+  sluice::rate_limiter tpm{loop.get_executor(), 100, 1min};
+  auto p = sluice::policy(sluice::limits(cap, sluice::weighted(tpm)));
+  std::vector<ended> e(4);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto call = [&](std::size_t n) {
+      return [&, n] {
+        return p([] { return work(0s); }, sluice::weight(n));
+      };
+    };
+    auto unweighted = [&] {
+      return p([] { return work(0s); });
+    };
+    // 60 at 0 s; 50 does not fit until the 60 leave the window at 60 s, and
+    // 39 and the unweighted call (1) wait behind it in acquire_all's FIFO.
+    co_await sluice::gather(at(0s, call(60), e[0]), at(0s, call(50), e[1]), at(0s, call(39), e[2]),
+                            at(0s, unweighted, e[3]));
+  });
+  CHECK(e[0].at == 0s);
+  CHECK(e[1].at == 60s);
+  CHECK(e[2].at == 60s);
+  CHECK(e[3].at == 60s);
+  CHECK(tpm.stats().in_use == 90);
+  CHECK(cap.value() == 8);
+  CHECK(tpm.stats().acquired == 4);
+  // A weight the limiter could never grant: invalid_argument, nothing taken.
+  ended big;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await at(
+        0s, [&] { return p([] { return work(0s); }, sluice::weight(101)); }, big);
+  });
+  CHECK(big.is<std::invalid_argument>());
+  CHECK(tpm.stats().acquired == 4);
+  CHECK_THROWS_AS(sluice::weight(-1), std::invalid_argument);
+}
+
+TEST_CASE("a retry outside the weighted limits spends the call's weight again", "[policy]") {
+  virtual_loop loop;
+  sluice::rate_limiter tpm{loop.get_executor(), 100, 1min};
+  auto p = sluice::policy(sluice::retry_layer({.first = 0s, .attempts = 2}),
+                          sluice::limits(sluice::weighted(tpm)));
+  int attempts = 0;
+  const int v = loop.run([&]() -> asio::awaitable<int> {
+    co_return co_await p(
+        [&]() -> asio::awaitable<int> {
+          if (++attempts == 1) throw sluice::throttled_error("busy");
+          co_return attempts;
+        },
+        sluice::weight(60));
+  });
+  // The first attempt's 60 units stay in the window: the retry's 60 fit only
+  // when they leave it.
+  CHECK(v == 2);
+  CHECK(loop.now() == 60s);
+  CHECK(tpm.stats().acquired == 2);
+}
+
 TEST_CASE("async_call completes a callback with the result or the exception", "[policy]") {
   auto p = sluice::policy(sluice::timeout(1s));
   virtual_loop loop;
@@ -224,25 +312,9 @@ TEST_CASE("shed: past max_waiting a call fails at once with overloaded_error, no
           "[policy][shed]") {
   sluice::semaphore cap{1};
   auto p = sluice::policy(sluice::shed(cap, {.max_waiting = 2, .retry_after = 3s}));
-  std::vector<ended> e(4);
   virtual_loop loop;
-  std::size_t waiters_at_shed = 0;
-  loop.run([&]() -> asio::awaitable<void> {
-    auto call = [&] {
-      return p([] { return work(1s); });
-    };
-    auto fourth = [&]() -> asio::awaitable<int> {
-      waiters_at_shed = cap.waiters();
-      co_return co_await call();
-    };
-    co_await sluice::gather(at(0s, call, e[0]), at(0s, call, e[1]), at(0s, call, e[2]),
-                            at(0s, fourth, e[3]));
-  });
-  CHECK(waiters_at_shed == 2);
-  CHECK(e[0].at == 1s);
-  CHECK(e[1].at == 2s);
-  CHECK(e[2].at == 3s);
-  CHECK(e[3].at == 0s);  // at once
+  const auto e = three_run_one_shed(
+      loop, cap, [&]() -> asio::awaitable<void> { co_await p([] { return work(1s); }); });
   REQUIRE(e[3].is<sluice::overloaded_error>());
   try {
     std::rethrow_exception(e[3].error);
@@ -336,6 +408,262 @@ TEST_CASE("shed wraps a strand_bound limit: the try on the strand, then the boun
   CHECK(e[2].at == 0s);
   CHECK(e[2].is<sluice::overloaded_error>());
   CHECK(p.get<0>().stats().admitted == 2);
+}
+
+// ---- shed_options of the limits themselves -----------------------------------
+
+namespace {
+
+// The error a task ended with, if it was a shed: its Retry-After.
+std::optional<ns> shed_after(const ended& e) {
+  try {
+    if (e.error) std::rethrow_exception(e.error);
+  } catch (const sluice::overloaded_error& x) {
+    return ns(x.after);
+  } catch (...) {
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("semaphore{ex, n, {.max_waiting}}: one waiter past the bound is shed at once",
+          "[policy][shed]") {
+  virtual_loop loop;
+  sluice::semaphore cap{loop.get_executor(), 1, {.max_waiting = 2, .retry_after = 3s}};
+  const auto e = three_run_one_shed(loop, cap, [&]() -> asio::awaitable<void> {
+    auto p = co_await cap.scoped_acquire();
+    co_await sluice::sleep(1s);
+  });
+  CHECK(shed_after(e[3]) == ns(3s));
+  const auto s = cap.stats();
+  CHECK(s.shed == 1);
+  CHECK(s.acquired == 3);
+  CHECK(s.cancelled == 0);
+  CHECK(cap.value() == 1);
+  CHECK(cap.max_waiters() == 2);  // the shed caller never queued
+}
+
+TEST_CASE("bounded_semaphore{.max_wait}: a waiter leaves at its deadline, the next keeps its turn",
+          "[policy][shed]") {
+  virtual_loop loop;
+  sluice::bounded_semaphore cap{loop.get_executor(), 1, {.max_wait = 1500ms}};
+  std::vector<ended> e(4);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto hold = [&](ns d) {
+      return [&, d]() -> asio::awaitable<void> {
+        co_await cap.acquire();
+        co_await sluice::sleep(d);
+        cap.release();
+      };
+    };
+    // 0 holds 2 s; 1 (from 0 s) reaches 1.5 s first and leaves; 2 (from
+    // 1 s, deadline 2.5 s) is granted at 2 s; 3 (from 1.2 s) leaves at 2.7 s.
+    co_await sluice::gather(at(0s, hold(2s), e[0]), at(0s, hold(1s), e[1]), at(1s, hold(1s), e[2]),
+                            at(1200ms, hold(1s), e[3]));
+  });
+  CHECK(e[0].at == 2s);
+  CHECK(e[1].at == 1500ms);
+  CHECK(shed_after(e[1]) == ns(1s));  // the default Retry-After
+  CHECK(e[2].at == 3s);
+  CHECK(!e[2].error);
+  CHECK(e[3].at == 2700ms);
+  CHECK(e[3].is<sluice::overloaded_error>());
+  CHECK(cap.stats().shed == 2);
+  CHECK(cap.value() == 1);
+  CHECK(cap.waiters() == 0);
+}
+
+TEST_CASE("a limit's shed bound: pre-cancelled callers get operation_aborted, callbacks the code",
+          "[policy][shed]") {
+  virtual_loop loop;
+  sluice::semaphore cap{loop.get_executor(), 1, {.max_waiting = 0}};
+  sluice::error_code cb;
+  bool pre_cancelled_aborted = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await cap.acquire();
+    cap.async_acquire([&](sluice::error_code ec) { cb = ec; });  // full: shed through a post
+    // A caller whose cancellation was requested before it called is refused
+    // as cancelled, not shed (and takes nothing).
+    asio::cancellation_signal sig;
+    co_await asio::co_spawn(
+        co_await asio::this_coro::executor,
+        [&]() -> asio::awaitable<void> {
+          co_await asio::this_coro::throw_if_cancelled(false);
+          sig.emit(asio::cancellation_type::terminal);
+          try {
+            co_await cap.acquire();
+          } catch (const sluice::system_error& e) {
+            pre_cancelled_aborted = e.code() == asio::error::operation_aborted;
+          }
+        },
+        asio::bind_cancellation_slot(sig.slot(), asio::use_awaitable));
+    cap.release();
+  });
+  CHECK(cb == sluice::overloaded_code());
+  CHECK(pre_cancelled_aborted);
+  CHECK(cap.stats().shed == 1);
+  CHECK(cap.value() == 1);
+  CHECK_THROWS_AS(sluice::semaphore(asio::any_io_executor{}, 1, {.linger = 1s}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(sluice::semaphore(asio::any_io_executor{}, 1, {.max_wait = 0s}),
+                  std::invalid_argument);
+}
+
+TEST_CASE(
+    "rate_limiter{.max_waiting, .max_wait}: shed at once when the window says so, or at "
+    "the deadline",
+    "[policy][shed]") {
+  virtual_loop loop;
+  sluice::rate_limiter rps{loop.get_executor(), 1, 10s, {.max_wait = 5s, .retry_after = 7s}};
+  sluice::rate_limiter one_waiting{loop.get_executor(), 1, 1s, {.max_waiting = 1}};
+  std::vector<ended> e(4), w(3);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto start = [&] {
+      return rps.acquire();
+    };
+    auto start1 = [&] {
+      return one_waiting.acquire();
+    };
+    // A at 0 s. D at 1 s would wait until 10 s (9 s > 5 s): shed at once. B
+    // at 6 s waits 4 s. C at 7 s: 3 s at the head, but behind B its start is
+    // at 20 s: it leaves at its deadline, 12 s.
+    co_await sluice::gather(at(0s, start, e[0]), at(6s, start, e[1]), at(7s, start, e[2]),
+                            at(1s, start, e[3]), at(0s, start1, w[0]), at(0s, start1, w[1]),
+                            at(0s, start1, w[2]));
+  });
+  CHECK(e[0].at == 0s);
+  CHECK(e[1].at == 10s);
+  CHECK(!e[1].error);
+  CHECK(e[2].at == 12s);
+  CHECK(shed_after(e[2]) == ns(7s));
+  CHECK(e[3].at == 1s);
+  CHECK(shed_after(e[3]) == ns(7s));
+  CHECK(rps.stats().shed == 2);
+  CHECK(rps.stats().acquired == 2);
+  CHECK(rps.waiters() == 0);
+  CHECK(w[0].at == 0s);
+  CHECK(w[1].at == 1s);
+  CHECK(w[2].at == 0s);
+  CHECK(w[2].is<sluice::overloaded_error>());
+  CHECK(one_waiting.stats().shed == 1);
+  CHECK(one_waiting.stats().acquired == 2);
+}
+
+TEST_CASE("token_bucket{.max_wait}: a grant due at the very deadline wins; one later leaves then",
+          "[policy][shed]") {
+  virtual_loop loop;
+  sluice::token_bucket tb{loop.get_executor(), 1.0, 1, {.max_wait = 2s}};
+  std::vector<ended> e(4);
+  loop.run([&]() -> asio::awaitable<void> {
+    auto take = [&] {
+      return tb.acquire();
+    };
+    co_await sluice::gather(at(0s, take, e[0]), at(0s, take, e[1]), at(0s, take, e[2]),
+                            at(0s, take, e[3]));
+  });
+  CHECK(e[0].at == 0s);
+  CHECK(e[1].at == 1s);
+  CHECK(e[2].at == 2s);
+  CHECK(!e[2].error);
+  CHECK(e[3].at == 2s);
+  CHECK(e[3].is<sluice::overloaded_error>());
+  CHECK(tb.stats().shed == 1);
+  CHECK(tb.stats().acquired == 3);
+}
+
+namespace {
+
+// Three callers of `take()` at 0 s on a limit of 1 place that holds it 1 s
+// (or a rate of 1 per second) with room for 1 waiter: the first runs at
+// once, the second at 1 s, the third is shed at once. Returns how each ended.
+template <class Take>
+std::vector<ended> two_run_one_shed(virtual_loop& loop, Take take) {
+  std::vector<ended> e(3);
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::gather(at(0s, take, e[0]), at(0s, take, e[1]), at(0s, take, e[2]));
+  });
+  CHECK(e[0].at == 1s);
+  CHECK(e[1].at == 2s);
+  CHECK(!e[1].error);
+  CHECK(e[2].at == 0s);
+  CHECK(shed_after(e[2]) == ns(2s));
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "every limit kind takes shed_options: one past max_waiting is shed at once, inside its "
+    "wait",
+    "[policy][shed]") {
+  const sluice::shed_options one{.max_waiting = 1, .retry_after = 2s};
+  const auto hold = [](auto /*permit, held 1 s*/) -> asio::awaitable<void> {
+    co_await sluice::sleep(1s);
+  };
+  SECTION("keyed_semaphore, per key") {
+    virtual_loop loop;
+    sluice::keyed_semaphore<std::string> per_user{loop.get_executor(), 1, one};
+    two_run_one_shed(loop, [&]() -> asio::awaitable<void> {
+      co_await hold(co_await per_user.scoped_acquire("alice"));
+    });
+    CHECK(per_user.stats().shed == 1);
+    CHECK(per_user.keys() == 0);
+  }
+  SECTION("keyed_rate_limiter, per key") {
+    virtual_loop loop;
+    sluice::keyed_rate_limiter<std::string> per_user{loop.get_executor(), 1, 1s, one};
+    two_run_one_shed(loop, [&]() -> asio::awaitable<void> {
+      co_await per_user.acquire("alice");
+      co_await sluice::sleep(1s);
+    });
+    CHECK(per_user.stats().shed == 1);
+  }
+  SECTION("adaptive_limit") {
+    virtual_loop loop;
+    sluice::adaptive_limit cap{loop.get_executor(),
+                               {.initial = 1, .min = 1, .max = 1, .shed = one}};
+    two_run_one_shed(
+        loop, [&]() -> asio::awaitable<void> { co_await hold(co_await cap.scoped_acquire()); });
+    CHECK(cap.stats().shed == 1);
+    CHECK(cap.in_flight() == 0);
+  }
+  SECTION("shared_semaphore") {
+    virtual_loop loop;
+    sluice::shared_semaphore cap{loop.get_executor(), 1, one};
+    two_run_one_shed(
+        loop, [&]() -> asio::awaitable<void> { co_await hold(co_await cap.scoped_acquire()); });
+    CHECK(cap.stats().shed == 1);
+    CHECK(cap.value() == 1);
+    CHECK_THROWS_AS(sluice::shared_semaphore(loop.get_executor(), 1, {.max_wait = 1s}),
+                    std::invalid_argument);
+  }
+  SECTION("strand_bound<semaphore>, the bound checked on the strand") {
+    virtual_loop loop;
+    sluice::strand_bound<sluice::semaphore> cap{asio::make_strand(loop.get_executor()), 1, one};
+    two_run_one_shed(
+        loop, [&]() -> asio::awaitable<void> { co_await hold(co_await cap.scoped_acquire()); });
+    CHECK(cap.underlying().stats().shed == 1);
+  }
+  SECTION("keyed_semaphore{.max_wait}: a key's waiter leaves at its deadline, other keys go on") {
+    virtual_loop loop;
+    sluice::keyed_semaphore<std::string> per_user{loop.get_executor(), 1, {.max_wait = 500ms}};
+    std::vector<ended> e(3);
+    loop.run([&]() -> asio::awaitable<void> {
+      auto take = [&](std::string key) {
+        return [&, key]() -> asio::awaitable<void> {
+          co_await hold(co_await per_user.scoped_acquire(key));
+        };
+      };
+      co_await sluice::gather(at(0s, take("a"), e[0]), at(0s, take("a"), e[1]),
+                              at(0s, take("b"), e[2]));
+    });
+    CHECK(e[0].at == 1s);
+    CHECK(e[1].at == 500ms);
+    CHECK(e[1].is<sluice::overloaded_error>());
+    CHECK(e[2].at == 1s);
+    CHECK(per_user.keys() == 0);
+  }
 }
 
 // ---- circuit breaker --------------------------------------------------------
@@ -524,6 +852,44 @@ TEST_CASE("breaker: a cancelled trial is not recorded and gives its place back",
   CHECK(p.get<0>().stats().calls == 2);
 }
 
+TEST_CASE(
+    "breaker: an is_failure hook that throws ends the call with callback_error and frees "
+    "the trial",
+    "[policy][breaker]") {
+  // The hook throws for a std::domain_error; every other error is a failure.
+  auto p = sluice::policy(sluice::breaker({.window = 1,
+                                           .minimum_calls = 1,
+                                           .open_for = 1s,
+                                           .is_failure = [](const std::exception_ptr& e) {
+                                             try {
+                                               std::rethrow_exception(e);
+                                             } catch (const std::domain_error&) {
+                                               throw std::logic_error("hook");
+                                             } catch (...) {
+                                             }
+                                             return true;
+                                           }}));
+  virtual_loop loop;
+  bool nested_is_call_error = false;
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await failing(p, 0s);  // opens it
+    co_await sluice::sleep(1s);
+    try {
+      co_await p([] { return work<std::domain_error>(0s); });  // the trial
+    } catch (const sluice::callback_error& e) {
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const std::domain_error&) {
+        nested_is_call_error = true;
+      }
+    }
+    CHECK(p.get<0>().state() == bs::half_open);
+    co_await p([] { return work(0s); });  // the trial's place is free: it closes
+    CHECK(p.get<0>().state() == bs::closed);
+  });
+  CHECK(nested_is_call_error);
+}
+
 TEST_CASE("breaker: bad options are refused at construction", "[policy][breaker]") {
   CHECK_THROWS_AS(sluice::breaker({.failure_rate = 0}), std::invalid_argument);
   CHECK_THROWS_AS(sluice::breaker({.slow_call_rate = 1.5}), std::invalid_argument);
@@ -562,6 +928,24 @@ TEST_CASE(
   // with 4 s it gets it at 1 + 4 s.
   CHECK(run(0s) == std::pair{ns(1s), std::size_t{0}});
   CHECK(run(4s) == std::pair{ns(5s), std::size_t{0}});
+}
+
+TEST_CASE("linger: two joins waiting at once both complete when the last permit goes",
+          "[policy][linger]") {
+  sluice::semaphore cap{1};
+  auto p = sluice::policy(sluice::shed(cap, {.linger = 2s}), sluice::timeout(1s));
+  virtual_loop loop;
+  std::vector<ns> joined;
+  loop.run([&]() -> asio::awaitable<void> {
+    CHECK_THROWS_AS(co_await p([] { return work(5s); }), sluice::timeout_error);
+    auto join = [&]() -> asio::awaitable<void> {
+      co_await p.join();
+      joined.push_back(co_await vnow());
+    };
+    co_await sluice::gather(join(), join());
+  });
+  CHECK(joined == std::vector<ns>{3s, 3s});
+  CHECK(cap.value() == 1);
 }
 
 TEST_CASE("linger on shed: a cancelled caller's permit stays for the linger, join awaits it",
@@ -775,6 +1159,21 @@ TEST_CASE("prometheus_text renders a limit and every layer of a policy, one grou
 
 // ---- threads ----------------------------------------------------------------
 
+namespace {
+
+// Runs `sessions` coroutines `session()`, each on its own strand of `ctx`,
+// with 4 threads running `ctx` until every one has ended.
+template <class Session>
+void on_four_threads(asio::io_context& ctx, std::size_t sessions, Session session) {
+  for (std::size_t s = 0; s < sessions; ++s)
+    asio::co_spawn(asio::make_strand(ctx), session, asio::detached);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { ctx.run(); });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
 TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
           "[policy][threads]") {
   constexpr std::size_t sessions = 64, calls = 20, cap_n = 4;
@@ -785,33 +1184,25 @@ TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
       sluice::policy(sluice::shed(cap, {.max_waiting = 16}), sluice::limits(rps),
                      sluice::breaker({.failure_rate = 1.0, .window = 1000, .minimum_calls = 1000}));
   std::atomic<std::size_t> in_flight{0}, max_in_flight{0}, ok{0}, shed{0};
-  for (std::size_t s = 0; s < sessions; ++s) {
-    asio::co_spawn(
-        asio::make_strand(ctx),
-        [&]() -> asio::awaitable<void> {
-          for (std::size_t i = 0; i < calls; ++i) {
-            try {
-              co_await p([&]() -> asio::awaitable<int> {
-                const std::size_t n = in_flight.fetch_add(1) + 1;
-                std::size_t m = max_in_flight.load();
-                while (n > m && !max_in_flight.compare_exchange_weak(m, n)) {
-                }
-                asio::steady_timer t(co_await asio::this_coro::executor, 100us);
-                co_await t.async_wait(asio::use_awaitable);
-                in_flight.fetch_sub(1);
-                co_return 1;
-              });
-              ok.fetch_add(1);
-            } catch (const sluice::overloaded_error&) {
-              shed.fetch_add(1);
-            }
+  on_four_threads(ctx, sessions, [&]() -> asio::awaitable<void> {
+    for (std::size_t i = 0; i < calls; ++i) {
+      try {
+        co_await p([&]() -> asio::awaitable<int> {
+          const std::size_t n = in_flight.fetch_add(1) + 1;
+          std::size_t m = max_in_flight.load();
+          while (n > m && !max_in_flight.compare_exchange_weak(m, n)) {
           }
-        },
-        asio::detached);
-  }
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) threads.emplace_back([&] { ctx.run(); });
-  for (auto& t : threads) t.join();
+          asio::steady_timer t(co_await asio::this_coro::executor, 100us);
+          co_await t.async_wait(asio::use_awaitable);
+          in_flight.fetch_sub(1);
+          co_return 1;
+        });
+        ok.fetch_add(1);
+      } catch (const sluice::overloaded_error&) {
+        shed.fetch_add(1);
+      }
+    }
+  });
   CHECK(ok + shed == sessions * calls);
   CHECK(max_in_flight <= cap_n);
   const auto s = p.get<0>().stats();
@@ -820,6 +1211,44 @@ TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
   CHECK(s.waiting == 0);
   CHECK(p.get<2>().stats().calls == ok);
   CHECK(cap.value() == cap_n);
+}
+
+TEST_CASE("one retry_budget shared by a policy's sessions on strands of a 4-thread io_context",
+          "[policy][threads]") {
+  constexpr std::size_t sessions = 32, calls = 20;
+  sluice::retry_budget budget{{.ratio = 0.5, .per = std::chrono::hours(1)}};
+  asio::io_context ctx{4};
+  auto p = sluice::policy(sluice::retry_layer({.first = 0s,
+                                               .attempts = 2,
+                                               .retry_if = [](const auto&) { return true; },
+                                               .budget = &budget}));
+  std::atomic<std::size_t> ok{0}, failed{0}, attempts{0};
+  on_four_threads(ctx, sessions, [&]() -> asio::awaitable<void> {
+    for (std::size_t i = 0; i < calls; ++i) {
+      bool first = true;
+      try {
+        co_await p([&]() -> asio::awaitable<int> {
+          attempts.fetch_add(1);
+          if (std::exchange(first, false)) throw std::runtime_error("first attempt");
+          co_return 1;
+        });
+        ok.fetch_add(1);
+      } catch (const std::runtime_error&) {
+        failed.fetch_add(1);
+      }
+    }
+  });
+  // Every call failed once: the budget allowed a retry (which succeeded) or
+  // refused it, each decision counted once, never past half the firsts.
+  CHECK(ok + failed == sessions * calls);
+  CHECK(budget.first_attempts() == sessions * calls);
+  CHECK(budget.retried() == ok);
+  CHECK(budget.refused() == failed);
+  CHECK(budget.retries() == ok);
+  CHECK(ok <= sessions * calls / 2);
+  CHECK(ok >= sessions * calls / 2 - 1);  // each refusal left retries at half the firsts
+  CHECK(attempts == sessions * calls + ok);
+  CHECK(p.get<0>().retries() == ok);
 }
 
 // ---- docs/provider-limits.md ----------------------------------------------

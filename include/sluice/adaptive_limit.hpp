@@ -6,6 +6,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/adaptive_estimator.hpp>
 #include <sluice/detail/permit_core.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/retryable.hpp>
 #include <sluice/stats.hpp>
 #include <sluice/time.hpp>
@@ -81,6 +82,11 @@ class adaptive_limit {
     std::size_t min = 1;      ///< the limit never falls below this (>= 1)
     std::size_t max = 64;     ///< the limit never rises above this
     std::variant<aimd, gradient, vegas> algorithm = aimd{};  ///< how the limit moves
+    /// Load shedding inside the wait (as `semaphore`'s constructor with
+    /// `shed_options`): past `max_waiting` waiters `scoped_acquire()` throws
+    /// `sluice::overloaded_error` at once; a wait reaching `max_wait` leaves
+    /// with it. Counted in `stats().shed`; a shed call records no outcome.
+    shed_options shed = {};
   };
 
   /// Move-only ownership of one place; reports the call's outcome and
@@ -300,7 +306,7 @@ class adaptive_limit {
   };
 
   adaptive_limit(options o, asio::any_io_executor ex)
-      : core_("sluice::adaptive_limit", check(o), false, std::move(ex)),
+      : core_("sluice::adaptive_limit", check(o), false, std::move(ex), o.shed),
         min_(o.min),
         max_(o.max),
         limit_(o.initial),

@@ -5,6 +5,7 @@
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
 #include <sluice/overloaded_error.hpp>
+#include <sluice/retryable.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
 
@@ -81,7 +82,9 @@ struct breaker_options {
   /// counts as a success). Empty: every exception except
   /// `sluice::overloaded_error` (a shed inside the breaker is the client's own
   /// refusal, not the provider's failure). A call ended by `operation_aborted`
-  /// is never recorded.
+  /// is never recorded. If it throws, the call is not recorded (a half-open
+  /// trial gives its place back) and ends with `sluice::callback_error`
+  /// carrying that exception, the call's own error nested in it.
   std::function<bool(const std::exception_ptr&)> is_failure = nullptr;
   /// Called on every state change with (from, to), after the breaker's lock
   /// is released, on the thread of the call that caused it. Must not throw.
@@ -324,9 +327,16 @@ class circuit_breaker {
     const auto& is_failure = core_->options().is_failure;
     if (detail::is_operation_aborted(error)) {
       core_->cancelled(t);
-    } else {
-      finish(t, start, sluice::now(ex), is_failure ? is_failure(error) : !is_overload(error));
+      std::rethrow_exception(error);
     }
+    bool failed = false;
+    try {
+      failed = is_failure ? is_failure(error) : !is_overload(error);
+    } catch (...) {
+      core_->cancelled(t);  // not recorded: a trial gives its place back
+      detail::throw_callback_failure("sluice::breaker: is_failure", error);
+    }
+    finish(t, start, sluice::now(ex), failed);
     std::rethrow_exception(error);
   }
 

@@ -4,6 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/rate_core.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 #include <sluice/time.hpp>
 
@@ -63,6 +64,18 @@ class keyed_rate_limiter {
       keyed_rate_limiter(const Executor& ex, std::size_t calls,
                          std::chrono::duration<Rep, Period> per)
       : keyed_rate_limiter(asio::any_io_executor(ex), calls, detail::saturate(per), 0) {}
+
+  /// As above, each key shedding load past `shed` (as `rate_limiter`'s
+  /// constructor with `shed_options`, per key; no bound on all keys
+  /// together). `ex` may be empty.
+  template <class Executor, class Rep, class Period>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      keyed_rate_limiter(const Executor& ex, std::size_t calls,
+                         std::chrono::duration<Rep, Period> per, const shed_options& shed)
+      : keyed_rate_limiter(asio::any_io_executor(ex), calls, detail::saturate(per), 0) {
+    detail::wait_bound::check(shed, name);
+    shed_ = shed;
+  }
 
   keyed_rate_limiter(const keyed_rate_limiter&) = delete;
   keyed_rate_limiter& operator=(const keyed_rate_limiter&) = delete;
@@ -140,7 +153,7 @@ class keyed_rate_limiter {
   struct entry {
     explicit entry(const keyed_rate_limiter& owner)
         : core(name, detail::sliding_window(owner.window_.calls(), owner.window_.per(), name),
-               owner.ex_) {}
+               owner.ex_, owner.shed_) {}
     core_type core;
     std::size_t users = 0;
     const Key* key = nullptr;
@@ -226,6 +239,7 @@ class keyed_rate_limiter {
   }
 
   asio::any_io_executor ex_;
+  shed_options shed_;              // each key's bound
   detail::sliding_window window_;  // the quota (and its checks); holds no starts
   detail::clock_source clock_;
   detail::stats_sink stats_;  // every key's core counts here

@@ -6,6 +6,7 @@
 #include <sluice/detail/affinity.hpp>
 #include <sluice/detail/permit_core.hpp>
 #include <sluice/detail/stats_recorder.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -133,6 +134,22 @@ class keyed_semaphore {
       keyed_semaphore(const Executor& ex, std::size_t per_key, Hash hash = Hash{},
                       KeyEqual eq = KeyEqual{})
       : keyed_semaphore(asio::any_io_executor(ex), per_key, std::move(hash), std::move(eq), 0) {}
+
+  /// As above, each key shedding load past `shed` (as `semaphore`'s
+  /// constructor with `shed_options`, per key): a caller that would wait
+  /// behind `shed.max_waiting` others of its key gets
+  /// `sluice::overloaded_error` at once, and a wait for a key that reaches
+  /// `shed.max_wait` leaves with it; counted in `stats().shed`. Keys are
+  /// bounded one by one; there is no bound on the waiters of all keys
+  /// together. `ex` may be empty.
+  template <class Executor>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      keyed_semaphore(const Executor& ex, std::size_t per_key, const shed_options& shed,
+                      Hash hash = Hash{}, KeyEqual eq = KeyEqual{})
+      : keyed_semaphore(asio::any_io_executor(ex), per_key, std::move(hash), std::move(eq), 0) {
+    detail::wait_bound::check(shed, name);
+    shed_ = shed;
+  }
 
   keyed_semaphore(const keyed_semaphore&) = delete;
   keyed_semaphore& operator=(const keyed_semaphore&) = delete;
@@ -262,7 +279,7 @@ class keyed_semaphore {
         return {map_.insert(std::move(spare_)).position, true};
       }
     }
-    auto made = map_.try_emplace(key, name, per_key_, true, ex_);
+    auto made = map_.try_emplace(key, name, per_key_, true, ex_, shed_);
     if (made.second) made.first->second.share_stats(stats_);
     return made;
   }
@@ -309,6 +326,7 @@ class keyed_semaphore {
   }
 
   asio::any_io_executor ex_;
+  shed_options shed_;  // each key's bound
   std::size_t per_key_;
   detail::stats_sink stats_;  // every key's core counts here
   map_type map_;

@@ -20,14 +20,15 @@
 #include <mutex>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace sluice::detail {
 
 // Permits of abandoned calls that a layer keeps a while longer (provider-side
 // accounting), each held by a timer coroutine spawned on the abandoning
-// caller's executor. The set counts them and completes one join() when none
-// is left. Thread-safe (one mutex). Invariant: joiner_ is set only while
-// lingering_ > 0 and a join() waits.
+// caller's executor. The set counts them and completes every join() when
+// none is left. Thread-safe (one mutex). Invariant: joiners is non-empty
+// only while lingering > 0 and a join() waits.
 class linger_set {
  public:
   // Holds `held` until `until` on `ex`'s clock, then destroys it.
@@ -46,7 +47,8 @@ class linger_set {
     return s_->lingering;
   }
 
-  // Completes when no permit lingers (at once if none does). One join at a time.
+  // Completes when no permit lingers (at once if none does). Any number of
+  // joins may wait at once (two shutdown paths of one server).
   template <class Executor>
   asio::awaitable<void, Executor> join(Executor ex) {
     // Named, not a temporary of the co_await expression: g++ 12 destroys
@@ -58,9 +60,8 @@ class linger_set {
         asio::post(ex, std::move(handler));
         return;
       }
-      s->joiner = [h = std::make_shared<decltype(handler)>(std::move(handler)), ex]() mutable {
-        asio::post(ex, std::move(*h));
-      };
+      s->joiners.push_back([h = std::make_shared<decltype(handler)>(std::move(handler)),
+                            ex]() mutable { asio::post(ex, std::move(*h)); });
     };
     co_await asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
         std::move(initiation), asio::use_awaitable_t<Executor>{});
@@ -70,17 +71,17 @@ class linger_set {
   struct state {
     mutable std::mutex mutex;
     std::size_t lingering = 0;
-    std::function<void()> joiner;
+    std::vector<std::function<void()>> joiners;
   };
   struct done {
     std::shared_ptr<state> s;
     void operator()(const std::exception_ptr&) const {
-      std::function<void()> j;
+      std::vector<std::function<void()>> joiners;
       {
         std::lock_guard lock(s->mutex);
-        if (--s->lingering == 0) j = std::exchange(s->joiner, nullptr);
+        if (--s->lingering == 0) joiners.swap(s->joiners);
       }
-      if (j) j();
+      for (auto& j : joiners) j();
     }
   };
   template <class Executor, class Held>

@@ -6,6 +6,7 @@
 #include <sluice/config.hpp>
 
 #include <sluice/detail/asio.hpp>
+#include <sluice/detail/count_arg.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -15,6 +16,23 @@
 #include <utility>
 
 namespace sluice {
+
+/// The weight of one call through a policy: how many units it takes of each
+/// budget named `sluice::weighted(limit)` in a `sluice::limits` layer (the
+/// prompt's tokens of a tokens-per-minute limiter). Make it with
+/// `sluice::weight(n)`; a call made without one weighs 1.
+struct call_weight {
+  std::size_t units = 1;  ///< units per weighted budget
+};
+
+/// `call_weight{n}`: `co_await policy(fn, sluice::weight(prompt_tokens))`.
+/// `n` may be of any integer type; negative: `std::invalid_argument`. A
+/// weight a limiter could never grant (0, or more than its quota) is refused
+/// by that limiter when the call reaches it, with `std::invalid_argument`.
+template <detail::count_integer I>
+[[nodiscard]] call_weight weight(I n) {
+  return call_weight{detail::to_count(n, "sluice::weight")};
+}
 
 /// How a call to a provider is made: a list of layers, outermost first, each
 /// with one job (shed load, break the circuit, retry, take limits, time out),
@@ -41,6 +59,14 @@ namespace sluice {
 ///   outside a limit counts the wait for the limit in the time, inside it only
 ///   the provider's part.
 ///
+/// - Per-call weight: `co_await policy(fn, sluice::weight(n))` hands `n` to
+///   every layer that takes one (`call(next, weight)`; `sluice::limits`
+///   takes `n` units of each budget named `sluice::weighted(limit)`); the
+///   others see `call(next)`. The weight belongs to the call, not to an
+///   attempt: every attempt spends it again — each retry of a `retry_layer`
+///   outside the limits and each hedge of a `hedge` outside them takes its
+///   `n` units afresh (the provider counts each request it receives), and a
+///   hedge budget of 5% extra calls may cost up to 5% extra units.
 /// - Composition is by type: each layer calls the next directly, nothing is
 ///   type-erased and nothing is allocated per call beyond the coroutine frames
 ///   (from Asio's per-thread recycling allocator).
@@ -53,7 +79,7 @@ namespace sluice {
 ///   when each of its layers is: `breaker` and `shed`'s counters are; a limit
 ///   is when it is (`shared_semaphore`, `strand_bound<L>`, the Redis limits);
 ///   `limits` is when its budgets are (`shared_semaphore`, `strand_bound<L>`);
-///   `retry_layer` with a `retry_budget` is loop-affine.
+///   `retry_layer` is, with or without a `retry_budget`.
 /// - Lifetimes: the policy must outlive its calls; the limits it names must
 ///   outlive the policy. `fn` is moved into the call frame and may be called
 ///   several times (by a retry).
@@ -83,7 +109,16 @@ class call_policy {
   requires std::invocable<F&> && task<std::invoke_result_t<F&>>
   [[nodiscard]] auto operator()(F fn) -> std::invoke_result_t<F&> {
     // A coroutine: `fn` lives in this frame while the layers run.
-    co_return co_await run<0>(fn);
+    co_return co_await run<0>(fn, call_weight{});
+  }
+
+  /// As `(*this)(fn)`, for a call of weight `w` (`sluice::weight(n)`): each
+  /// attempt takes `w.units` of every budget named `sluice::weighted(limit)`
+  /// in the policy's `limits` layers.
+  template <class F>
+  requires std::invocable<F&> && task<std::invoke_result_t<F&>>
+  [[nodiscard]] auto operator()(F fn, call_weight w) -> std::invoke_result_t<F&> {
+    co_return co_await run<0>(fn, w);
   }
 
   /// The completion-token form for callback users: runs `(*this)(fn)` as a
@@ -117,11 +152,19 @@ class call_policy {
 
  private:
   template <std::size_t I, class F>
-  auto run(F& fn) -> std::invoke_result_t<F&> {
+  auto run(F& fn, call_weight w) -> std::invoke_result_t<F&> {
     if constexpr (I == sizeof...(Layers)) {
       return fn();
     } else {
-      return std::get<I>(layers_).call([this, &fn] { return run<I + 1>(fn); });
+      auto& layer = std::get<I>(layers_);
+      auto next = [this, &fn, w] {
+        return run<I + 1>(fn, w);
+      };
+      if constexpr (requires { layer.call(next, w); }) {
+        return layer.call(std::move(next), w);
+      } else {
+        return layer.call(std::move(next));
+      }
     }
   }
 

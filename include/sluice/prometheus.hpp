@@ -26,7 +26,7 @@ namespace sluice {
 /// @endcode
 ///
 /// - Names: `sluice_limit_*` for a limit (`acquired_total`, `cancelled_total`,
-///   `throttled_total`, `waiting`, `in_use`, `limit`, and the wait and hold
+///   `throttled_total`, `shed_total`, `waiting`, `in_use`, `limit`, and the wait and hold
 ///   summaries in seconds: `wait_seconds{quantile="0.5"|"0.99"}`, `_sum`,
 ///   `_count`); `sluice_shed_*`, `sluice_breaker_*` (the state as
 ///   `sluice_breaker_state{state="open"} 1`), `sluice_hedge_*`,
@@ -46,6 +46,7 @@ class prometheus_text {
     counter("sluice_limit_cancelled_total", "Waits that ended cancelled.", l, s.cancelled);
     counter("sluice_limit_throttled_total", "Requests a limiter delayed or refused.", l,
             s.throttled);
+    counter("sluice_limit_shed_total", "Calls the limit's shed_options refused.", l, s.shed);
     gauge("sluice_limit_waiting", "Operations waiting now.", l, s.waiting);
     gauge("sluice_limit_in_use", "Permits (units) held now.", l, s.in_use);
     gauge("sluice_limit_limit", "The cap now.", l, s.limit);

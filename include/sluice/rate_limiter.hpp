@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/count_arg.hpp>
 #include <sluice/detail/rate_core.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 #include <sluice/time.hpp>
 
@@ -110,6 +111,27 @@ class rate_limiter : public detail::rate_limiter_api<detail::sliding_window> {
             detail::sliding_window(detail::to_count(calls, "sluice::rate_limiter: calls"),
                                    detail::saturate(per), name),
             asio::any_io_executor(ex)) {}
+
+  /// As above, shedding load past `shed`: `{ex, 60, 1min, {.max_waiting = 100}}`.
+  /// A request is refused at once with `sluice::overloaded_error`
+  /// (`async_acquire`: `sluice::overloaded_code()`), nothing queued or
+  /// taken, when `shed.max_waiting` others wait, or when its wait would pass
+  /// `shed.max_wait` even at the head of the queue (the window says when its
+  /// units free up); one queued behind others whose wait reaches `max_wait`
+  /// leaves at that instant with the same error (a grant due at that very
+  /// instant wins). Decided inside the wait, exactly; a pre-cancelled caller
+  /// gets `operation_aborted` first; counted in `stats().shed`. `ex` may be
+  /// empty. Throws `std::invalid_argument` for a `shed.linger` or a
+  /// `max_wait` that is not positive.
+  template <class Executor, detail::count_integer I, class Rep, class Period>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      rate_limiter(const Executor& ex, I calls, std::chrono::duration<Rep, Period> per,
+                   const shed_options& shed)
+      : rate_limiter_api(
+            name,
+            detail::sliding_window(detail::to_count(calls, "sluice::rate_limiter: calls"),
+                                   detail::saturate(per), name),
+            asio::any_io_executor(ex), shed) {}
 
   /// The quota: starts per window.
   [[nodiscard]] std::size_t calls() const noexcept { return core_.policy().calls(); }

@@ -3,13 +3,13 @@
 #define SLUICE_RETRY_BUDGET_HPP
 
 #include <sluice/config.hpp>
-#include <sluice/detail/affinity.hpp>
 #include <sluice/detail/doubles.hpp>
 #include <sluice/time.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <deque>
+#include <mutex>
 #include <stdexcept>
 
 namespace sluice {
@@ -32,9 +32,16 @@ struct retry_budget_access;
 /// - What the counters say: `first_attempts()` and `retries()` are the
 ///   window's (what the cap compares; they fall as the window slides),
 ///   `retried()` and `refused()` run from construction (for metrics).
-/// - Loop-affine, like the other primitives; time comes from the callers'
-///   clock (virtual under the test loop): do not share one budget between a
-///   virtual loop and a real one.
+/// - Thread-safe: one budget may be shared by callers on any thread or
+///   strand (every session of a multi-threaded server; a `retry_layer` in a
+///   shared `sluice::policy`). Each decision takes a mutex for a few
+///   instructions; the readers take it too. Callers on several threads read
+///   the clock before they take the mutex, so an instant may arrive after a
+///   later one: the window records it at the latest instant it has seen
+///   (never earlier than the entries before it; the slide stays exact to
+///   within that race).
+/// - Time comes from the callers' clock (virtual under the test loop): do
+///   not share one budget between a virtual loop and a real one.
 /// - Throws `std::invalid_argument` for a `ratio` that is negative or not
 ///   finite, or `per <= 0`.
 ///
@@ -67,33 +74,42 @@ class retry_budget {
   /// First attempts in the sliding window, as of the budget's last use (a
   /// first attempt or a retry decision; reading does not move the window):
   /// the count the cap is a ratio of.
-  [[nodiscard]] std::size_t first_attempts() const noexcept { return firsts_.total; }
+  [[nodiscard]] std::size_t first_attempts() const {
+    const std::lock_guard lock(mutex_);
+    return firsts_.total;
+  }
   /// Retries in the sliding window, as of the budget's last use: the count
   /// the cap bounds. Windowed: retries older than `per` have left it, so
   /// after a quiet minute this reads 0 however many ran before. For a
   /// metric, read `retried()`.
-  [[nodiscard]] std::size_t retries() const noexcept { return retries_.total; }
+  [[nodiscard]] std::size_t retries() const {
+    const std::lock_guard lock(mutex_);
+    return retries_.total;
+  }
   /// Retries the budget allowed since construction, less those given back
   /// (their caller was cancelled during the wait): a counter for metrics.
-  [[nodiscard]] std::size_t retried() const noexcept { return retried_; }
+  [[nodiscard]] std::size_t retried() const {
+    const std::lock_guard lock(mutex_);
+    return retried_;
+  }
   /// Retries refused since construction (each let an error pass through).
-  [[nodiscard]] std::size_t refused() const noexcept { return refused_; }
+  [[nodiscard]] std::size_t refused() const {
+    const std::lock_guard lock(mutex_);
+    return refused_;
+  }
 
  private:
   friend struct detail::retry_budget_access;
-  static constexpr const char* name = "sluice::retry_budget";
-
   template <class Executor>
-  void record_first_attempt(const Executor& ex, clock::time_point now) {
-    affinity_.bind(ex);
-    const auto in = affinity_.enter(name);
+  void record_first_attempt(const Executor& /*ex*/, clock::time_point now) {
+    const std::lock_guard lock(mutex_);
     firsts_.add(now);
     firsts_.expire(now, opt_.per);
     retries_.expire(now, opt_.per);
   }
   // Counts a retry at `now` if it fits; else counts a refusal.
   bool try_retry(clock::time_point now) {
-    const auto in = affinity_.enter(name);
+    const std::lock_guard lock(mutex_);
     firsts_.expire(now, opt_.per);
     retries_.expire(now, opt_.per);
     const double allowed = opt_.ratio * static_cast<double>(firsts_.total) +
@@ -108,6 +124,7 @@ class retry_budget {
   }
   // Forgets a retry counted at `at` that never ran (its caller was cancelled).
   void give_back(clock::time_point at) noexcept {
+    const std::lock_guard lock(mutex_);  // lock() throws only on a misused mutex
     retries_.remove(at);
     --retried_;
   }
@@ -120,8 +137,10 @@ class retry_budget {
     };
     std::deque<entry> entries;
     std::size_t total = 0;
+    // t earlier than the last entry (another thread's later reading came
+    // first) is recorded at the last entry's instant: entries stay sorted.
     void add(clock::time_point t) {
-      if (!entries.empty() && entries.back().at == t) {
+      if (!entries.empty() && entries.back().at >= t) {
         ++entries.back().count;
       } else {
         entries.push_back({t, 1});
@@ -134,16 +153,18 @@ class retry_budget {
         entries.pop_front();
       }
     }
+    // Forgets one count added at `t`: the earliest entry at or after `t`
+    // (add may have recorded it at a later instant).
     void remove(clock::time_point t) noexcept {
+      auto found = entries.end();
       for (auto it = entries.end(); it != entries.begin();) {
         --it;
-        if (it->at < t) return;
-        if (it->at == t) {
-          --total;
-          if (--it->count == 0) entries.erase(it);
-          return;
-        }
+        if (it->at < t) break;
+        found = it;
       }
+      if (found == entries.end()) return;
+      --total;
+      if (--found->count == 0) entries.erase(found);
     }
   };
 
@@ -151,7 +172,7 @@ class retry_budget {
   window firsts_, retries_;
   std::size_t retried_ = 0;
   std::size_t refused_ = 0;
-  [[no_unique_address]] detail::affinity affinity_;
+  mutable std::mutex mutex_;
 };
 
 namespace detail {

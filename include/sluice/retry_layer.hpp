@@ -20,8 +20,8 @@ namespace sluice {
 /// released during the backoff and taken again (the attempt re-queues); a
 /// limit outside is held through the backoff. Waits, hints, budget,
 /// cancellation and what is rethrown: as `sluice::retry`. `retries()` counts
-/// the attempts after the first of each call (thread-safe); the backoff's
-/// `budget` is loop-affine, as `retry_budget` is.
+/// the attempts after the first of each call. Thread-safe: the counter is
+/// atomic and a `retry_budget` may be shared by every thread of a server.
 class retry_layer {
  public:
   /// The layer with backoff `b`; throws `std::invalid_argument` as `retry` does.

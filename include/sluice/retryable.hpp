@@ -7,6 +7,7 @@
 // sluice::retry, adaptive_limit's classifier and testing::slow_service.
 
 #include <sluice/config.hpp>
+#include <sluice/retry_after.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
 
@@ -20,24 +21,6 @@
 #include <utility>
 
 namespace sluice {
-
-/// The hint a provider gives with a refusal: "try again after `after`" (HTTP
-/// `Retry-After`). An exception carries it by deriving from it, beside its
-/// usual base:
-///
-/// @code
-/// struct http_429 : std::runtime_error, sluice::retry_after {
-///   http_429(std::string what, sluice::clock::duration d)
-///       : std::runtime_error(std::move(what)), sluice::retry_after{d} {}
-/// };
-/// @endcode
-///
-/// `sluice::retryable` retries such an error, and `sluice::retry` waits exactly
-/// `after` before the next attempt (the hint wins over the backoff; a negative
-/// hint counts as zero). `sluice::testing::throttled_error` carries one.
-struct retry_after {
-  saturating_duration after{};  ///< how long the provider asks the caller to wait (any duration)
-};
 
 /// A call the provider refused for now (HTTP 429, 503): retryable by default.
 /// Throw it (or derive from it) where a client sees a throttle without a

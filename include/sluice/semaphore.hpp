@@ -6,6 +6,7 @@
 #include <sluice/detail/count_arg.hpp>
 #include <sluice/detail/permit_core.hpp>
 #include <sluice/detail/unique_permit.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -106,6 +107,25 @@ class semaphore {
       : semaphore("sluice::semaphore", detail::to_count(initial, "sluice::semaphore: initial"),
                   false, asio::any_io_executor(ex)) {}
 
+  /// A semaphore that sheds load: `sluice::semaphore cap{ex, 8, {.max_waiting = 64}}`.
+  /// Past `shed.max_waiting` waiters, `acquire()` throws
+  /// `sluice::overloaded_error` at once (`async_acquire` completes with
+  /// `sluice::overloaded_code()`), nothing queued or taken; a waiter whose
+  /// wait reaches `shed.max_wait` leaves the queue at that instant with the
+  /// same error, holding nothing. Both are decided inside the wait, exactly
+  /// (never a read of `waiters()`); a caller granted without a wait is never
+  /// shed, and a pre-cancelled caller gets `operation_aborted` first. Counted
+  /// in `stats().shed`. The `max_wait` timer runs on the executor of the last
+  /// waiter queued, only while someone waits. Throws
+  /// `std::invalid_argument` for a `shed.linger` (a policy layer's option)
+  /// or a `max_wait` that is not positive. `ex` may be empty
+  /// (`asio::any_io_executor{}`) for a semaphore without one.
+  template <class Executor, detail::count_integer I>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      semaphore(const Executor& ex, I initial, const shed_options& shed)
+      : semaphore("sluice::semaphore", detail::to_count(initial, "sluice::semaphore: initial"),
+                  false, asio::any_io_executor(ex), shed) {}
+
   semaphore(const semaphore&) = delete;
   semaphore& operator=(const semaphore&) = delete;
 
@@ -164,9 +184,10 @@ class semaphore {
 
  protected:
   /// For `bounded_semaphore`: `name` appears in diagnostics; `bounded` makes
-  /// a release above `initial` throw.
-  semaphore(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex)
-      : core_(name, initial, bounded, std::move(ex)) {}
+  /// a release above `initial` throw; `shed` bounds the waiters.
+  semaphore(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex,
+            const shed_options& shed = {})
+      : core_(name, initial, bounded, std::move(ex), shed) {}
 
  private:
   friend permit;
@@ -208,6 +229,15 @@ class bounded_semaphore : public semaphore {
       : semaphore("sluice::bounded_semaphore",
                   detail::to_count(initial, "sluice::bounded_semaphore: initial"), true,
                   asio::any_io_executor(ex)) {}
+
+  /// A bounded semaphore that sheds load past `shed` (see `semaphore`'s
+  /// constructor with `shed_options`).
+  template <class Executor, detail::count_integer I>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      bounded_semaphore(const Executor& ex, I initial, const shed_options& shed)
+      : semaphore("sluice::bounded_semaphore",
+                  detail::to_count(initial, "sluice::bounded_semaphore: initial"), true,
+                  asio::any_io_executor(ex), shed) {}
 };
 
 }  // namespace sluice

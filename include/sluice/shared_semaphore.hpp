@@ -5,11 +5,14 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/shared_permit_core.hpp>
 #include <sluice/detail/unique_permit.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
+#include <chrono>
 #include <cstddef>
+#include <stdexcept>
 #include <system_error>
 #include <utility>
 
@@ -83,6 +86,21 @@ class shared_semaphore {
       shared_semaphore(const Executor& ex, std::size_t initial = 1)
       : core_(initial, asio::any_io_executor(ex)) {}
 
+  /// A semaphore that sheds load: `sluice::shared_semaphore cap{ex, 8, {.max_waiting = 64}}`.
+  /// A caller that would wait behind `shed.max_waiting` others (counted
+  /// exactly, under the semaphore's mutex, across every thread) gets
+  /// `sluice::overloaded_error` carrying `shed.retry_after`
+  /// (`async_acquire`: `sluice::overloaded_code()`), nothing queued or taken;
+  /// counted in `stats().shed`. A bound on the wait's length is not an
+  /// option here (its timer would have to live on some thread's loop): a
+  /// `shed.max_wait` throws `std::invalid_argument`; bound it with the
+  /// `sluice::shed(cap, {.max_wait = d})` policy layer. `ex` may be empty.
+  template <class Executor>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      shared_semaphore(const Executor& ex, std::size_t initial, const shed_options& shed)
+      : core_(initial, asio::any_io_executor(ex), checked(shed).max_waiting),
+        retry_after_(shed.retry_after) {}
+
   shared_semaphore(const shared_semaphore&) = delete;
   shared_semaphore& operator=(const shared_semaphore&) = delete;
 
@@ -102,19 +120,24 @@ class shared_semaphore {
 
   /// Waits for a permit; does not suspend when one is free and nobody waits.
   /// Throws `system_error(operation_aborted)` when cancelled (holding
-  /// nothing).
+  /// nothing), `sluice::overloaded_error` past a `shed_options` bound.
   template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<void> acquire() {
     auto state = co_await asio::this_coro::cancellation_state;
     detail::refuse_if_cancelled(state, "sluice::shared_semaphore::acquire");
     if (core_.try_acquire()) co_return;
     detail::pending_grant grant;  // counted here: a cancelled wait is not a grant
-    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
-        [this, &grant](auto&& handler) {
-          detail::start_shared_wait(core_, std::forward<decltype(handler)>(handler),
-                                    "sluice::shared_semaphore::acquire", &grant);
-        },
-        asio::use_awaitable_t<>{});
+    try {
+      co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
+          [this, &grant](auto&& handler) {
+            detail::start_shared_wait(core_, std::forward<decltype(handler)>(handler),
+                                      "sluice::shared_semaphore::acquire", &grant);
+          },
+          asio::use_awaitable_t<>{});
+    } catch (const system_error& e) {
+      if (e.code() == overloaded_code()) throw overloaded_error(retry_after_);  // never queued
+      throw;
+    }
     if (state.cancelled() != asio::cancellation_type::none) {
       core_.stats_sink().cancelled.fetch_add(1, std::memory_order_relaxed);
       core_.release();  // granted after the cancellation: pass it on
@@ -166,8 +189,16 @@ class shared_semaphore {
     sink.end_hold(since);
     release();
   }
+  static const shed_options& checked(const shed_options& o) {
+    if (o.linger != detail::clock::duration::zero() || o.max_wait != detail::clock::duration::max())
+      throw std::invalid_argument(
+          "sluice::shared_semaphore: of shed_options it takes max_waiting and retry_after; "
+          "bound the wait with the sluice::shed(cap, {.max_wait = d}) policy layer");
+    return o;
+  }
 
   detail::shared_permit_core core_;
+  detail::clock::duration retry_after_ = std::chrono::seconds(1);  // shed_options::retry_after
 };
 
 }  // namespace sluice

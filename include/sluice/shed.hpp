@@ -25,22 +25,6 @@
 
 namespace sluice {
 
-/// The bounds of a `sluice::shed` layer; designated initializers:
-/// `{.max_waiting = 64, .max_wait = 2s, .retry_after = 1s}`.
-struct shed_options {
-  /// Callers allowed to wait for the limit at once; one more is shed.
-  /// 0: only calls the limit grants at once pass.
-  std::size_t max_waiting = std::numeric_limits<std::size_t>::max();
-  /// A wait for the limit that lasts this long is given up and shed
-  /// (`clock::duration::max()`: no bound).
-  clock::duration max_wait = clock::duration::max();
-  /// The Retry-After that `overloaded_error` suggests.
-  clock::duration retry_after = std::chrono::seconds(1);
-  /// A call abandoned by a timeout or a cancellation keeps its permit this
-  /// long after it ended (provider-side accounting; see `sluice::limits_layer`).
-  clock::duration linger = clock::duration::zero();
-};
-
 /// What a `sluice::shed` layer has done, counted since its construction.
 struct shed_stats {
   std::uint64_t admitted = 0;      ///< calls that got the limit

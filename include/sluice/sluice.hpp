@@ -52,6 +52,7 @@
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/rate_limiter.hpp>
 #include <sluice/retry.hpp>
+#include <sluice/retry_after.hpp>
 #include <sluice/retry_budget.hpp>
 #include <sluice/retryable.hpp>
 #include <sluice/single_flight.hpp>

@@ -83,11 +83,14 @@ struct stats {
   /// removed from the queue, or granted and cancelled before they resumed.
   std::uint64_t cancelled = 0;
   std::uint64_t throttled = 0;  ///< limiters: requests the limit delayed or refused
-  std::size_t waiting = 0;      ///< operations waiting now
-  std::size_t in_use = 0;       ///< permits held (units taken, for a limiter) now
-  std::size_t limit = 0;        ///< the cap now (permits, calls per window, burst)
-  duration_stats wait;          ///< from the request to its grant
-  duration_stats hold;          ///< from a permit's grant to its release
+  /// Calls the limit's `shed_options` refused (`overloaded_error`): past
+  /// `max_waiting` at once, or taken out of the queue at `max_wait`.
+  std::uint64_t shed = 0;
+  std::size_t waiting = 0;  ///< operations waiting now
+  std::size_t in_use = 0;   ///< permits held (units taken, for a limiter) now
+  std::size_t limit = 0;    ///< the cap now (permits, calls per window, burst)
+  duration_stats wait;      ///< from the request to its grant
+  duration_stats hold;      ///< from a permit's grant to its release
 };
 
 }  // namespace sluice

@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/count_arg.hpp>
 #include <sluice/detail/rate_core.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 #include <sluice/time.hpp>
 
@@ -72,6 +73,18 @@ class token_bucket : public detail::rate_limiter_api<detail::bucket> {
             detail::bucket(rate_per_second, detail::to_count(burst, "sluice::token_bucket: burst"),
                            name),
             asio::any_io_executor(ex)) {}
+
+  /// As above, shedding load past `shed` (as `rate_limiter`'s constructor
+  /// with `shed_options`: a request whose tokens would take longer than
+  /// `max_wait` to refill even at the head is refused at once).
+  template <class Executor, detail::count_integer I>
+  requires(asio::execution::is_executor<Executor>::value || asio::is_executor<Executor>::value)
+      token_bucket(const Executor& ex, double rate_per_second, I burst, const shed_options& shed)
+      : rate_limiter_api(
+            name,
+            detail::bucket(rate_per_second, detail::to_count(burst, "sluice::token_bucket: burst"),
+                           name),
+            asio::any_io_executor(ex), shed) {}
 
   /// The capacity.
   [[nodiscard]] std::size_t burst() const noexcept { return core_.policy().burst(); }

@@ -4,14 +4,18 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/completion.hpp>
 #include <sluice/detail/lazy.hpp>
 #include <sluice/detail/stats_recorder.hpp>
+#include <sluice/detail/wait_bound.hpp>
 #include <sluice/detail/waiter_list.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
 #include <cstddef>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -39,8 +43,14 @@ struct timed_wait : wait_op {
 // only if it was cancelled in between (it passes the permit on).
 class permit_core {
  public:
-  permit_core(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex)
-      : name_(name), ex_(std::move(ex)), value_(initial), bound_(initial), bounded_(bounded) {
+  permit_core(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex,
+              const shed_options& shed = {})
+      : name_(name),
+        ex_(std::move(ex)),
+        shed_(wait_bound::make(shed, name, &on_expire, this)),
+        value_(initial),
+        bound_(initial),
+        bounded_(bounded) {
     affinity_.bind(ex_);
     waiters_.on_cancel(&on_cancel, this);
   }
@@ -71,6 +81,7 @@ class permit_core {
     if (waiter_node* n = waiters_.pop_front()) {
       auto* w = static_cast<timed_wait*>(n);
       count_grant(*stats_, w->pending, true, stats_->clock.now() - w->since);
+      if (shed_ && waiters_.empty()) shed_->idle();
       w->complete(error_code{});
       return;
     }
@@ -106,12 +117,19 @@ class permit_core {
     if (!ready) {
       stats_->clock.bind(stats_executor(hex));
       since = stats_->clock.now();
+      if (shed_ && cancellable && shed_->full(waiters_.size()) && !cancel_requested(handler)) {
+        shed_now(std::forward<Handler>(handler));
+        return wait_start::refused;
+      }
     }
     const wait_start started = start_wait<timed_wait, deliver_nothing>(
         std::forward<Handler>(handler), ex_, name_, waiters_, ready, cancellable, since, pending);
     if (started == wait_start::completed) {
       --value_;
       count_grant(*stats_, pending, false, {});
+    } else if (started == wait_start::waiting && shed_) {
+      shed_->queued(waiters_.size() == 1, since, stats_->clock.virtual_clock(),
+                    stats_executor(hex) ? stats_executor(hex) : ex_);
     }
     return started;
   }
@@ -127,7 +145,8 @@ class permit_core {
 
   // The uncontended path does not suspend. A caller whose cancellation was
   // requested before it called is refused at once (operation_aborted), even
-  // when a permit is free: it takes nothing. A waiter that was granted its
+  // when a permit is free: it takes nothing. Past the shedding bound:
+  // overloaded_error, nothing queued or taken. A waiter that was granted its
   // permit but whose coroutine was cancelled before it resumed hands the
   // permit on and throws operation_aborted, as if the cancellation had come
   // first.
@@ -146,11 +165,19 @@ class permit_core {
     if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
     if (try_acquire()) co_return;
     pending_grant grant;
-    co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
-        [self = this, &grant](auto&& handler) {  // not `this`: clang 14 calls it unused
-          self->initiate(std::forward<decltype(handler)>(handler), true, &grant);
-        },
-        asio::use_awaitable_t<>{});
+    // Read before the wait: a keyed_semaphore may free this core before a
+    // shed waiter resumes.
+    const clock::duration after = shed_ ? shed_->retry_after() : clock::duration{};
+    try {
+      co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
+          [self = this, &grant](auto&& handler) {  // not `this`: clang 14 calls it unused
+            self->initiate(std::forward<decltype(handler)>(handler), true, &grant);
+          },
+          asio::use_awaitable_t<>{});
+    } catch (const system_error& e) {
+      if (e.code() == overloaded_code()) throw_overloaded(after);  // holding nothing
+      throw;
+    }
     if (state.cancelled() != asio::cancellation_type::none) {
       ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
       hand_on();
@@ -210,12 +237,36 @@ class permit_core {
   [[nodiscard]] affinity& checker() noexcept { return affinity_; }
 
  private:
+  // A waiter past max_waiting: completed at once with overloaded_code(),
+  // never queued. Out of line: initiate stays as small as without a bound.
+  template <class Handler>
+  [[gnu::noinline]] void shed_now(Handler&& handler) {
+    require_executor<std::decay_t<Handler>>(ex_, name_);
+    ++stats_->shed;  // not queued, nothing taken
+    post_completion(std::forward<Handler>(handler), ex_, overloaded_code());
+  }
+
   static void on_cancel(void* self) noexcept {
-    ++static_cast<permit_core*>(self)->stats_->cancelled;
+    auto* core = static_cast<permit_core*>(self);
+    ++core->stats_->cancelled;
+    if (core->shed_ && core->waiters_.empty()) core->shed_->idle();
+  }
+  // The wait bound's timer: the waiters whose wait reached max_wait leave,
+  // each completed with overloaded_code(), holding nothing.
+  static void on_expire(void* self) {
+    auto* core = static_cast<permit_core*>(self);
+    core->shed_->take_expired(
+        core->waiters_, core->stats_->clock.now(),
+        [](waiter_node* n) { return static_cast<timed_wait*>(n)->since; },
+        [core](waiter_node* n) {
+          ++core->stats_->shed;
+          static_cast<wait_op*>(n)->complete(overloaded_code());
+        });
   }
 
   const char* name_;
   asio::any_io_executor ex_;
+  std::unique_ptr<wait_bound> shed_;  // null without shed_options: no cost on the grant paths
   stats_sink own_stats_;
   stats_sink* stats_ = &own_stats_;
   waiter_list waiters_;

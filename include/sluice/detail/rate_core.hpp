@@ -8,11 +8,14 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/affinity.hpp>
+#include <sluice/detail/completion.hpp>
 #include <sluice/detail/rate_clock.hpp>
 #include <sluice/detail/rate_policy.hpp>
 #include <sluice/detail/stats_recorder.hpp>
 #include <sluice/detail/virtual_clock.hpp>
+#include <sluice/detail/wait_bound.hpp>
 #include <sluice/detail/waiter_list.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -62,8 +65,13 @@ struct deliver_grant_time {
 template <class Policy>
 class rate_core {
  public:
-  rate_core(const char* name, Policy policy, asio::any_io_executor ex)
-      : name_(name), policy_(std::move(policy)), ex_(std::move(ex)), timer_(&on_event, this) {
+  rate_core(const char* name, Policy policy, asio::any_io_executor ex,
+            const shed_options& shed = {})
+      : name_(name),
+        policy_(std::move(policy)),
+        ex_(std::move(ex)),
+        timer_(&on_event, this),
+        shed_(wait_bound::make(shed, name, &on_expire, this)) {
     affinity_.bind(ex_);
     bind_clock(ex_);
     waiters_.on_cancel(&on_cancelled, this);
@@ -97,6 +105,10 @@ class rate_core {
     bind_clock(any);
     const auto now = clock_.now();
     const bool ready = waiters_.empty() && policy_.ready_at(n, now) <= now;
+    if (!ready && shed_ && shed(n, now) && !cancel_requested(handler)) {
+      shed_now<Deliver>(std::forward<Handler>(handler), now);
+      return;
+    }
     // Taken before the completion is posted, so that it carries the grant's key.
     const clock::time_point at = ready ? policy_.take(n, now) : now;
     wait_start started = wait_start::waiting;
@@ -115,6 +127,9 @@ class rate_core {
       count_grant(*stats_, pending, false, {});
     } else {
       ++stats_->throttled;
+      if (shed_)
+        shed_->queued(waiters_.size() == 1, now, clock_.virtual_clock(),
+                      static_cast<rate_wait*>(waiters_.back())->ex);
       if (waiters_.size() == 1) service();  // the new head: arm the timer
     }
   }
@@ -229,10 +244,17 @@ class rate_core {
       self->template initiate<deliver_grant_time>(std::forward<decltype(handler)>(handler), count,
                                                   &grant);
     };
-    const clock::time_point granted =
-        co_await asio::async_initiate<const asio::use_awaitable_t<>&,
-                                      void(error_code, clock::time_point)>(
-            std::move(initiation), asio::use_awaitable_t<>{}, n);
+    const clock::duration after = shed_ ? shed_->retry_after() : clock::duration{};
+    clock::time_point granted{};
+    try {
+      granted = co_await asio::async_initiate<const asio::use_awaitable_t<>&,
+                                              void(error_code, clock::time_point)>(
+          std::move(initiation), asio::use_awaitable_t<>{}, n);
+    } catch (const system_error& e) {
+      if (e.code() == overloaded_code())
+        throw_overloaded(after);  // refused or taken out: holds nothing
+      throw;
+    }
     if (state.cancelled() != asio::cancellation_type::none) {
       if (*alive) {
         ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
@@ -280,6 +302,44 @@ class rate_core {
       w->complete(error_code{});
     }
     timer_.disarm();
+    if (shed_) shed_->idle();
+  }
+
+  // A waiter refused by the bound: completed at once with
+  // overloaded_code(), never queued. Out of line, as permit_core's.
+  template <class Deliver, class Handler>
+  [[gnu::noinline]] void shed_now(Handler&& handler, clock::time_point now) {
+    require_executor<std::decay_t<Handler>>(ex_, name_);
+    ++stats_->shed;  // not queued, nothing taken
+    if constexpr (std::is_same_v<Deliver, deliver_nothing>) {
+      post_completion(std::forward<Handler>(handler), ex_, overloaded_code());
+    } else {
+      post_completion(std::forward<Handler>(handler), ex_, overloaded_code(), now);
+    }
+  }
+
+  // True when a new waiter for n units must be shed: past max_waiting, or
+  // its wait would pass max_wait even at the head of the queue (a rate
+  // limiter knows when n units free up; behind others it waits longer).
+  bool shed(std::size_t n, clock::time_point now) {
+    if (shed_->full(waiters_.size())) return true;
+    return shed_->timed() && policy_.ready_at(n, now) > shed_->deadline(now);
+  }
+
+  // The wait bound's timer: grants what is due first (a grant at the very
+  // deadline wins), then the waiters whose wait reached max_wait leave.
+  static void on_expire(void* self) {
+    auto* core = static_cast<rate_core*>(self);
+    core->service();
+    if (core->waiters_.empty()) return;
+    core->shed_->take_expired(
+        core->waiters_, core->clock_.now(),
+        [](waiter_node* n) { return static_cast<rate_wait*>(n)->granted_at; },
+        [core](waiter_node* n) {
+          ++core->stats_->shed;
+          static_cast<wait_op*>(n)->complete(overloaded_code());
+        });
+    core->service();
   }
 
   static void on_event(void* self) { static_cast<rate_core*>(self)->service(); }
@@ -297,6 +357,7 @@ class rate_core {
   stats_sink* stats_ = &own_stats_;
   waiter_list waiters_;
   rate_timer timer_;
+  std::unique_ptr<wait_bound> shed_;  // null without shed_options
   std::shared_ptr<bool> alive_;
   [[no_unique_address]] affinity affinity_;
 };
@@ -376,8 +437,9 @@ class rate_limiter_api {
  protected:
   friend struct rate_access;
 
-  rate_limiter_api(const char* name, Policy policy, asio::any_io_executor ex)
-      : core_(name, std::move(policy), std::move(ex)) {}
+  rate_limiter_api(const char* name, Policy policy, asio::any_io_executor ex,
+                   const shed_options& shed = {})
+      : core_(name, std::move(policy), std::move(ex), shed) {}
   ~rate_limiter_api() = default;
 
   rate_core<Policy> core_;

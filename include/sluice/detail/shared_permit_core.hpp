@@ -6,6 +6,7 @@
 #include <sluice/detail/loop_service.hpp>
 #include <sluice/detail/stats_recorder.hpp>
 #include <sluice/detail/waiter_list.hpp>
+#include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -56,8 +57,11 @@ class shared_permit_core {
   static constexpr std::uint64_t one_waiter = std::uint64_t{1} << 32;
   static constexpr std::uint64_t value_mask = one_waiter - 1;
 
-  shared_permit_core(std::size_t initial, asio::any_io_executor ex)
-      : ex_(std::move(ex)), initial_(initial) {
+  // `max_waiting`: a waiter behind that many others is shed (completed with
+  // overloaded_code(), never queued).
+  shared_permit_core(std::size_t initial, asio::any_io_executor ex,
+                     std::size_t max_waiting = static_cast<std::size_t>(-1))
+      : ex_(std::move(ex)), initial_(initial), max_waiting_(max_waiting) {
     if (initial > value_mask)
       throw std::invalid_argument("sluice::shared_semaphore: initial value above 2^32 - 1");
     word_.store(initial, std::memory_order_relaxed);
@@ -130,6 +134,7 @@ class shared_permit_core {
     stats_.bind(waiter_ex);
     op->since = stats_.now();
     bool ready = false;
+    bool shed = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       std::uint64_t w = word_.load(std::memory_order_relaxed);
@@ -140,6 +145,9 @@ class shared_permit_core {
             ready = true;
             break;
           }
+        } else if (waiters_.size() >= max_waiting_) {  // exact: the list is ours under mu_
+          shed = true;
+          break;
         } else if (word_.compare_exchange_weak(w, w + one_waiter, std::memory_order_acq_rel,
                                                std::memory_order_relaxed)) {
           waiters_.push_back(op);
@@ -151,6 +159,9 @@ class shared_permit_core {
     if (ready) {
       count_grant(stats_, op->pending, false, {});
       op->grant_fn(op, error_code{});
+    } else if (shed) {
+      stats_.shed.fetch_add(1, std::memory_order_relaxed);
+      op->grant_fn(op, overloaded_code());  // not queued, nothing taken
     }
   }
 
@@ -191,6 +202,7 @@ class shared_permit_core {
 
   asio::any_io_executor ex_;
   std::size_t initial_;
+  std::size_t max_waiting_;
   shared_stats_sink stats_;
   std::atomic<std::uint64_t> word_{0};
   mutable std::mutex mu_;

@@ -181,6 +181,7 @@ class stats_clock {
   }
   [[nodiscard]] bool bound() const noexcept { return ctx_ != nullptr; }
   [[nodiscard]] bool is_virtual() const noexcept { return vclock_ != nullptr; }
+  [[nodiscard]] virtual_clock_service* virtual_clock() const noexcept { return vclock_; }
   [[nodiscard]] clock::time_point now() const noexcept {
     return vclock_ != nullptr ? vclock_->now() : clock::now();
   }
@@ -208,6 +209,7 @@ class stats_sink {
   std::uint64_t acquired = 0;
   std::uint64_t cancelled = 0;
   std::uint64_t throttled = 0;
+  std::uint64_t shed = 0;
   stats_clock clock;
 
   void record_wait(clock::duration d) noexcept {
@@ -238,6 +240,7 @@ class stats_sink {
     s.acquired = acquired;
     s.cancelled = cancelled;
     s.throttled = throttled;
+    s.shed = shed;
     s.waiting = waiting;
     s.in_use = in_use;
     s.limit = limit;
@@ -299,6 +302,7 @@ class shared_stats_sink {
 
   std::atomic<std::uint64_t> acquired{0};
   std::atomic<std::uint64_t> cancelled{0};
+  std::atomic<std::uint64_t> shed{0};
 
   void bind(const asio::any_io_executor& ex) {
     if (bound_.load(std::memory_order_acquire) || !ex) return;
@@ -343,6 +347,7 @@ class shared_stats_sink {
     const std::uint64_t timed = t != nullptr ? t->wait.count() : 0;
     s.acquired = acquired.load(std::memory_order_relaxed);
     s.cancelled = cancelled.load(std::memory_order_relaxed);
+    s.shed = shed.load(std::memory_order_relaxed);
     s.waiting = waiting;
     s.in_use = in_use;
     s.limit = limit;

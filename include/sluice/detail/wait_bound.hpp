@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: BSL-1.0
+#ifndef SLUICE_DETAIL_WAIT_BOUND_HPP
+#define SLUICE_DETAIL_WAIT_BOUND_HPP
+
+// The shedding bound of one limit's FIFO of waiters (shed_options given to a
+// limit): refuses a waiter past max_waiting, and takes out the waiters whose
+// wait reached max_wait. Used by permit_core and rate_core, inside their wait
+// path; a limit without shed_options has none (a null pointer: no cost on
+// the grant paths).
+
+#include <sluice/config.hpp>
+#include <sluice/overloaded_error.hpp>
+
+#include <sluice/detail/rate_clock.hpp>
+#include <sluice/detail/virtual_clock.hpp>
+#include <sluice/detail/waiter_list.hpp>
+
+#include <sluice/detail/asio.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace sluice::detail {
+
+// The exception of a coroutine whose wait a bound refused (the completion
+// was overloaded_code()). Out of line: the wait paths stay small.
+[[noreturn, gnu::noinline]] inline void throw_overloaded(clock::duration after) {
+  throw overloaded_error(after, "shed_options refused the wait");
+}
+
+// Invariants: every waiter of the list it bounds waits since an instant no
+// later than the one behind it (FIFO), so the head's deadline is the
+// earliest; the timer is armed (for the head's deadline or an earlier one)
+// while the list has a waiter and max_wait is bounded, and disarmed when the
+// list empties (idle()): it holds nothing of a loop between waits.
+class wait_bound {
+ public:
+  // `expire(context)` runs when the timer fires: the limit takes out the
+  // waiters whose deadline passed (take_expired) and re-arms.
+  wait_bound(const shed_options& o, const char* who, void (*expire)(void*), void* context)
+      : max_waiting_(o.max_waiting),
+        max_wait_(o.max_wait),
+        retry_after_(o.retry_after),
+        timer_(expire, context) {
+    check(o, who);
+  }
+
+  // Throws std::invalid_argument for options no limit takes.
+  static void check(const shed_options& o, const char* who) {
+    if (o.linger != clock::duration::zero())
+      throw std::invalid_argument(std::string(who) +
+                                  ": shed_options.linger is an option of the sluice::shed "
+                                  "policy layer, not of a limit");
+    if (o.max_wait <= clock::duration::zero())
+      throw std::invalid_argument(std::string(who) +
+                                  ": shed_options.max_wait must be positive (max_waiting = 0 "
+                                  "sheds every call that would wait)");
+  }
+
+  // Null when `o` bounds nothing (the default shed_options).
+  static std::unique_ptr<wait_bound> make(const shed_options& o, const char* who,
+                                          void (*expire)(void*), void* context) {
+    check(o, who);
+    if (o.max_waiting == shed_options{}.max_waiting && o.max_wait == clock::duration::max())
+      return nullptr;
+    return std::make_unique<wait_bound>(o, who, expire, context);
+  }
+
+  // True when a new waiter behind `waiting` others must be shed.
+  [[nodiscard]] bool full(std::size_t waiting) const noexcept { return waiting >= max_waiting_; }
+  [[nodiscard]] bool timed() const noexcept { return max_wait_ != clock::duration::max(); }
+  [[nodiscard]] clock::duration max_wait() const noexcept { return max_wait_; }
+  [[nodiscard]] clock::duration retry_after() const noexcept { return retry_after_; }
+  [[nodiscard]] clock::time_point deadline(clock::time_point since) const noexcept {
+    return since > clock::time_point::max() - max_wait_ ? clock::time_point::max()
+                                                        : since + max_wait_;
+  }
+
+  // A waiter that began at `since` on `ex` was queued; `alone`: it is the
+  // only one (the timer is not armed). `ex` empty (a use_future waiter on a
+  // limit without an executor) on the steady clock: nothing to run a timer
+  // on, so max_wait is not enforced until a waiter with one arrives alone. Out of line: the wait
+  // paths of limits without a bound stay as small as they were.
+  [[gnu::noinline]] void queued(bool alone, clock::time_point since, virtual_clock_service* v,
+                                const asio::any_io_executor& ex) {
+    if (!timed() || (v == nullptr && !ex)) return;
+    vclock_ = v;
+    ex_ = ex;
+    if (alone) timer_.arm(v, ex, deadline(since));
+  }
+
+  // Takes the waiters of `list` whose deadline is past `now` out, from the
+  // head, each through `shed(node)` (which completes it with
+  // overloaded_code()); re-arms for the first that remains.
+  template <class SinceOf, class Shed>
+  void take_expired(waiter_list& list, clock::time_point now, SinceOf since_of, Shed shed) {
+    while (waiter_node* head = list.front()) {
+      const clock::time_point d = deadline(since_of(head));
+      if (d > now) {
+        timer_.arm(vclock_, ex_, d);
+        return;
+      }
+      list.erase(head);
+      shed(head);
+    }
+    idle();
+  }
+
+  // The list emptied: let the timer go.
+  void idle() noexcept {
+    timer_.disarm();
+    ex_ = {};
+  }
+
+ private:
+  std::size_t max_waiting_;
+  clock::duration max_wait_;
+  clock::duration retry_after_;
+  rate_timer timer_;
+  virtual_clock_service* vclock_ = nullptr;
+  asio::any_io_executor ex_;  // the last queued waiter's: where a steady timer runs
+};
+
+}  // namespace sluice::detail
+
+#endif  // SLUICE_DETAIL_WAIT_BOUND_HPP
