@@ -4,7 +4,7 @@
 
 #include <sluice/config.hpp>
 #include <sluice/detail/count_arg.hpp>
-#include <sluice/detail/rate_core.hpp>
+#include <sluice/detail/rate_api.hpp>
 #include <sluice/overloaded_error.hpp>
 #include <sluice/stats.hpp>
 #include <sluice/time.hpp>

@@ -19,7 +19,7 @@
 
 #include <sluice/adaptive_limit.hpp>
 #include <sluice/config.hpp>
-#include <sluice/detail/rate_core.hpp>
+#include <sluice/detail/rate_api.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/semaphore.hpp>
 
