@@ -5,9 +5,11 @@
 // wait in the library, holding nothing and taking nothing, whether or not a
 // place is free. One case per kind of wait.
 #include <sluice/adaptive_limit.hpp>
+#include <sluice/breaker.hpp>
 #include <sluice/condition.hpp>
 #include <sluice/event.hpp>
 #include <sluice/fair_semaphore.hpp>
+#include <sluice/hedge.hpp>
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/limits.hpp>
@@ -368,6 +370,18 @@ TEST_CASE(
     auto p = sluice::policy(sluice::limits(sem, rl));
     check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
     CHECK(rl.try_acquire());
+  }
+  SECTION("a breaker: no call recorded, so no half-open trial spent") {
+    // The breaker and the hedge admitted such a caller and ran the call.
+    auto p = sluice::policy(sluice::breaker({.window = 1, .minimum_calls = 1}));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    CHECK(p.get<0>().stats().calls == 0);
+  }
+  SECTION("a hedge, and a weighted call") {
+    auto p = sluice::policy(sluice::hedge({.after = 1ms}));
+    check_refused(h, call_after_cancel(h, [&]() -> asio::awaitable<void> { co_await p(fn); }));
+    check_refused(h, call_after_cancel(
+                         h, [&]() -> asio::awaitable<void> { co_await p(fn, sluice::weight(2)); }));
   }
   CHECK(started == 0);
   CHECK(sem.value() == 1);

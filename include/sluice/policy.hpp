@@ -6,6 +6,7 @@
 #include <sluice/config.hpp>
 
 #include <sluice/detail/asio.hpp>
+#include <sluice/detail/completion.hpp>
 #include <sluice/detail/count_arg.hpp>
 
 #include <concepts>
@@ -103,12 +104,15 @@ class call_policy {
   call_policy& operator=(const call_policy&) = delete;
 
   /// Calls `fn()` through every layer, outermost first, and returns its
-  /// result or rethrows what a layer or the call threw. `fn` returns
+  /// result or rethrows what a layer or the call threw. A caller whose
+  /// cancellation was requested before it called gets `operation_aborted` at
+  /// once: no layer sees it (no breaker trial, hedge or permit is spent). `fn` returns
   /// `asio::awaitable<T, Executor>`; it is called once per attempt.
   template <class F>
   requires std::invocable<F&> && task<std::invoke_result_t<F&>>
   [[nodiscard]] auto operator()(F fn) -> std::invoke_result_t<F&> {
     // A coroutine: `fn` lives in this frame while the layers run.
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state, "sluice::policy");
     co_return co_await run<0>(fn, call_weight{});
   }
 
@@ -118,6 +122,7 @@ class call_policy {
   template <class F>
   requires std::invocable<F&> && task<std::invoke_result_t<F&>>
   [[nodiscard]] auto operator()(F fn, call_weight w) -> std::invoke_result_t<F&> {
+    detail::refuse_if_cancelled(co_await asio::this_coro::cancellation_state, "sluice::policy");
     co_return co_await run<0>(fn, w);
   }
 
