@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <ratio>
 #include <system_error>
 #include <type_traits>
@@ -81,11 +82,19 @@ struct virtual_timer_node {
   void (*fire)(virtual_timer_node*, bool invoke, error_code) = nullptr;
 };
 
+// The time of one virtual clock, in a block of its own: a reader that may
+// outlive the context (a limit's stats, the limit serving loop after loop)
+// holds it by weak_ptr and finds it expired once the context is destroyed,
+// instead of reading a freed service.
+struct virtual_now {
+  clock::time_point value{};
+};
+
 // Virtual time for one execution context. Installed by
 // sluice::testing::virtual_loop; every sluice wait on time asks the context for
 // this service and, if it is there, uses it instead of the steady clock.
 // Invariants: `heap_` is a binary min-heap on (deadline, seq); each node's
-// heap_index is its position; `now_` never decreases.
+// heap_index is its position; the time (`now_`) never decreases.
 class virtual_clock_service final : public asio::execution_context::service {
  public:
   using key_type = virtual_clock_service;
@@ -94,7 +103,9 @@ class virtual_clock_service final : public asio::execution_context::service {
   explicit virtual_clock_service(asio::execution_context& ctx)
       : asio::execution_context::service(ctx) {}
 
-  clock::time_point now() const noexcept { return now_; }
+  clock::time_point now() const noexcept { return now_->value; }
+  // The clock's time for a reader that may outlive the context (virtual_now).
+  [[nodiscard]] std::weak_ptr<const virtual_now> shared_now() const noexcept { return now_; }
   bool empty() const noexcept { return heap_.empty(); }
   std::size_t pending() const noexcept { return heap_.size(); }
   clock::time_point next_deadline() const noexcept { return heap_.front()->deadline; }
@@ -133,8 +144,8 @@ class virtual_clock_service final : public asio::execution_context::service {
   // deadline order (FIFO among equal deadlines), never one at the end of time
   // (see has_due). Fired timers post their handlers; nothing runs inline.
   void advance_to(clock::time_point t) {
-    if (t > now_) now_ = t;
-    while (has_due() && heap_.front()->deadline <= now_) {
+    if (t > now_->value) now_->value = t;
+    while (has_due() && heap_.front()->deadline <= now_->value) {
       virtual_timer_node* n = heap_.front();
       cancel(n);
       n->fire(n, true, error_code{});
@@ -176,7 +187,7 @@ class virtual_clock_service final : public asio::execution_context::service {
     }
   }
 
-  clock::time_point now_{};
+  std::shared_ptr<virtual_now> now_ = std::make_shared<virtual_now>();
   std::uint64_t next_seq_ = 0;
   std::vector<virtual_timer_node*> heap_;
 };
