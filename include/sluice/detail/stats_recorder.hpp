@@ -177,28 +177,26 @@ class stats_clock {
   void bind(const asio::any_io_executor& ex) {
     if (!ex) return;
     auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
-    if (&ctx == ctx_ && (vclock_ == nullptr || !vnow_.expired())) return;
+    if (&ctx == ctx_ && (vnow_ == nullptr || !vnow_->ended())) return;
     ctx_ = &ctx;
     vclock_ = find_virtual_clock(ctx);
-    vnow_ = vclock_ != nullptr ? vclock_->shared_now() : std::weak_ptr<const virtual_now>{};
+    vnow_ = vclock_ != nullptr ? vclock_->shared_now() : nullptr;
   }
   // Bound, and not to a virtual clock that has ended.
   [[nodiscard]] bool bound() const noexcept {
-    return ctx_ != nullptr && (vclock_ == nullptr || !vnow_.expired());
+    return ctx_ != nullptr && (vnow_ == nullptr || !vnow_->ended());
   }
   [[nodiscard]] bool is_virtual() const noexcept { return vclock_ != nullptr; }
   // The clock just bound (valid until its context ends).
   [[nodiscard]] virtual_clock_service* virtual_clock() const noexcept { return vclock_; }
   [[nodiscard]] clock::time_point now() const noexcept {
-    if (vclock_ != nullptr)
-      if (const auto v = vnow_.lock()) return v->value;
-    return clock::now();
+    return vnow_ != nullptr ? vnow_->now() : clock::now();
   }
 
  private:
   asio::execution_context* ctx_ = nullptr;   // a cache key, never dereferenced
-  virtual_clock_service* vclock_ = nullptr;  // compared with null only once vnow_ expired
-  std::weak_ptr<const virtual_now> vnow_;
+  virtual_clock_service* vclock_ = nullptr;  // dereferenced by no one once vnow_ ended
+  std::shared_ptr<const virtual_now> vnow_;
 };
 
 // A grant to a coroutine that may still be cancelled before it resumes:
@@ -321,7 +319,7 @@ class shared_stats_sink {
     virtual_clock_service* v = find_virtual_clock(ctx);
     std::lock_guard<std::mutex> lock(mu_);
     if (bound_locked()) return;
-    vnow_ = v != nullptr ? v->shared_now() : std::weak_ptr<const virtual_now>{};
+    vnow_ = v != nullptr ? v->shared_now() : nullptr;
     mode_.store(v != nullptr ? on_virtual : on_steady, std::memory_order_release);
   }
   // Bound to the steady clock, or to a virtual clock whose context lives.
@@ -329,12 +327,12 @@ class shared_stats_sink {
     const int m = mode_.load(std::memory_order_acquire);
     if (m != on_virtual) return m == on_steady;
     std::lock_guard<std::mutex> lock(mu_);
-    return !vnow_.expired();
+    return bound_locked();  // rebound meanwhile, perhaps
   }
   [[nodiscard]] clock::time_point now() const noexcept {
     if (mode_.load(std::memory_order_acquire) == on_virtual) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (const auto v = vnow_.lock()) return v->value;
+      if (vnow_ != nullptr) return vnow_->now();  // ended: the time it ended at
     }
     return clock::now();
   }
@@ -397,11 +395,11 @@ class shared_stats_sink {
   }
   static constexpr int unbound = 0, on_steady = 1, on_virtual = 2;
   bool bound_locked() const noexcept {
-    return mode_ == on_steady || (mode_ == on_virtual && !vnow_.expired());
+    return vnow_ != nullptr ? !vnow_->ended() : mode_ == on_steady;
   }
   std::atomic<timing*> timing_{nullptr};
-  std::atomic<int> mode_{unbound};         // changes only under mu_
-  std::weak_ptr<const virtual_now> vnow_;  // under mu_
+  std::atomic<int> mode_{unbound};           // changes only under mu_
+  std::shared_ptr<const virtual_now> vnow_;  // under mu_
   mutable std::mutex mu_;
 };
 

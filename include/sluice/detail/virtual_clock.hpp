@@ -6,6 +6,7 @@
 
 #include <sluice/detail/asio.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -82,12 +83,22 @@ struct virtual_timer_node {
   void (*fire)(virtual_timer_node*, bool invoke, error_code) = nullptr;
 };
 
-// The time of one virtual clock, in a block of its own: a reader that may
-// outlive the context (a limit's stats, the limit serving loop after loop)
-// holds it by weak_ptr and finds it expired once the context is destroyed,
-// instead of reading a freed service.
-struct virtual_now {
-  clock::time_point value{};
+// The time of one virtual clock, in a block of its own shared with readers
+// that may outlive the context (a limit serving loop after loop): once the
+// context is destroyed they read the time it ended at and ended(), never the
+// freed service. Relaxed atomics: a limit shared between threads reads it
+// from any of them.
+class virtual_now {
+ public:
+  [[nodiscard]] clock::time_point now() const noexcept {
+    return value_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] bool ended() const noexcept { return ended_.load(std::memory_order_acquire); }
+
+ private:
+  friend class virtual_clock_service;
+  std::atomic<clock::time_point> value_{};
+  std::atomic<bool> ended_{false};
 };
 
 // Virtual time for one execution context. Installed by
@@ -102,10 +113,11 @@ class virtual_clock_service final : public asio::execution_context::service {
 
   explicit virtual_clock_service(asio::execution_context& ctx)
       : asio::execution_context::service(ctx) {}
+  ~virtual_clock_service() override { now_->ended_.store(true, std::memory_order_release); }
 
-  clock::time_point now() const noexcept { return now_->value; }
+  clock::time_point now() const noexcept { return now_->now(); }
   // The clock's time for a reader that may outlive the context (virtual_now).
-  [[nodiscard]] std::weak_ptr<const virtual_now> shared_now() const noexcept { return now_; }
+  [[nodiscard]] std::shared_ptr<const virtual_now> shared_now() const noexcept { return now_; }
   bool empty() const noexcept { return heap_.empty(); }
   std::size_t pending() const noexcept { return heap_.size(); }
   clock::time_point next_deadline() const noexcept { return heap_.front()->deadline; }
@@ -144,8 +156,8 @@ class virtual_clock_service final : public asio::execution_context::service {
   // deadline order (FIFO among equal deadlines), never one at the end of time
   // (see has_due). Fired timers post their handlers; nothing runs inline.
   void advance_to(clock::time_point t) {
-    if (t > now_->value) now_->value = t;
-    while (has_due() && heap_.front()->deadline <= now_->value) {
+    if (t > now()) now_->value_.store(t, std::memory_order_relaxed);
+    while (has_due() && heap_.front()->deadline <= now()) {
       virtual_timer_node* n = heap_.front();
       cancel(n);
       n->fire(n, true, error_code{});
