@@ -25,6 +25,7 @@
 #include <sluice/token_bucket.hpp>
 
 #include <support/asio.hpp>
+#include <support/peak.hpp>
 
 #include <examples/support/policy_scenarios.hpp>
 
@@ -1228,9 +1229,7 @@ TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
       try {
         co_await p([&]() -> asio::awaitable<int> {
           const std::size_t n = in_flight.fetch_add(1) + 1;
-          std::size_t m = max_in_flight.load();
-          while (n > m && !max_in_flight.compare_exchange_weak(m, n)) {
-          }
+          sluice_test::raise_peak(max_in_flight, n);
           asio::steady_timer t(co_await asio::this_coro::executor, 100us);
           co_await t.async_wait(asio::use_awaitable);
           in_flight.fetch_sub(1);
