@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSL-1.0
 #include <sluice/by_key.hpp>
 #include <sluice/for_each.hpp>
+#include <sluice/gather.hpp>
+#include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/keyed_task_group.hpp>
 #include <sluice/testing/virtual_time.hpp>
@@ -14,6 +16,7 @@
 #include <catch2/catch.hpp>
 #include <support/lazy_tasks.hpp>
 #include <support/recorded_input.hpp>
+#include <support/spawned.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -708,4 +711,74 @@ TEST_CASE("an async source whose next() completes without suspending is pulled t
   CHECK(loop.now() == 200ms);
   CHECK(started(t, 2) == 0ms);    // b: beside the first a
   CHECK(started(t, 3) == 100ms);  // c: beside the second a
+}
+
+// ---- by_key with the caller's keyed_semaphore / keyed_rate_limiter --------
+
+namespace {
+
+// The tasks of a fan-out by a shared keyed_semaphore of one permit per host,
+// and another caller of the same semaphore: `unheld` counts tasks that
+// started without their host's permit in hand (a slot held by a task that
+// would wait for its host).
+struct shared_hosts {
+  shared_hosts(virtual_loop& l, trace& tr) : loop(l), t(tr) {}
+  virtual_loop& loop;
+  trace& t;
+  sluice::keyed_semaphore<char> hosts{1};
+  std::size_t unheld = 0;
+  std::map<char, bool> other_holds;
+  std::vector<nanoseconds> other_got;
+
+  asio::awaitable<int> task(job j) {
+    if (hosts.value(j.key) != 0 || t.running[j.key] != 0 || other_holds[j.key]) ++unheld;
+    co_return co_await work(loop, t, j);
+  }
+  // Another part of the service: asks for `key` after `after`, holds it for
+  // `hold`.
+  asio::awaitable<void> other(char key, nanoseconds after, nanoseconds hold) {
+    if (after != 0ms) co_await sluice::sleep(after);
+    auto p = co_await hosts.scoped_acquire(key);
+    other_got.push_back(loop.now());
+    other_holds[key] = true;
+    co_await sluice::sleep(hold);
+    other_holds[key] = false;
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "by_key with a shared keyed_semaphore gives a slot only to an input whose permit is in hand",
+    "[by_key]") {
+  // aaabbcd, 2 at once, a keyed_semaphore of 1 per host that another caller
+  // also uses: it holds a from 0 to 250 ms, asks again at 260 ms and holds it
+  // 50 ms. b, c, d run while a is held elsewhere, then nothing can start
+  // until 250 ms (both slots free, nobody holds one for a); a's permits go
+  // in FIFO order: ours at 250 (asked at 200), ours at 350 (asked at 250),
+  // the other caller's at 450 (asked at 260), ours at 500.
+  virtual_loop loop;
+  trace t;
+  shared_hosts s{loop, t};
+  auto crawl = [&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(
+        sluice::map_unordered([&](job j) { return s.task(j); }, jobs("aaabbcd", 100ms), 2,
+                              sluice::by_key(key_of, s.hosts)),
+        [](int) {});
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::gather(s.other('a', 0ms, 250ms), s.other('a', 260ms, 50ms), crawl());
+  });
+  CHECK(s.unheld == 0);
+  CHECK(started(t, 3) == 0ms);  // b
+  CHECK(started(t, 5) == 0ms);  // c
+  CHECK(started(t, 4) == 100ms);
+  CHECK(started(t, 6) == 100ms);
+  CHECK(started(t, 0) == 250ms);
+  CHECK(started(t, 1) == 350ms);
+  CHECK(started(t, 2) == 500ms);
+  CHECK(s.other_got == std::vector<nanoseconds>{0ms, 450ms});
+  CHECK(loop.now() == 600ms);
+  CHECK(t.max == 2);
+  CHECK(s.hosts.keys() == 0);
 }
