@@ -782,3 +782,175 @@ TEST_CASE(
   CHECK(t.max == 2);
   CHECK(s.hosts.keys() == 0);
 }
+
+namespace {
+
+// Starts per key that fall in one window of `per` at most, over a trace.
+std::size_t most_starts_per_window(const trace& t, const std::vector<job>& in, nanoseconds per) {
+  std::size_t most = 0;
+  for (auto& [id, at] : t.starts) {
+    std::size_t n = 0;
+    for (auto& [id2, at2] : t.starts)
+      if (in[id2].key == in[id].key && at2 >= at && at2 < at + per) ++n;
+    most = std::max(most, n);
+  }
+  return most;
+}
+
+}  // namespace
+
+TEST_CASE("by_key with a keyed_rate_limiter takes each host's start when its task starts",
+          "[by_key]") {
+  // aaaaabb, 3 at once, 2 starts per host per second: two a's and b at 0,
+  // the second b at 100 ms (a's window is full: no slot waits for it), the
+  // next two a's when the window opens at 1 s, the last at 2 s.
+  const std::vector<job> in = jobs("aaaaabb", 100ms);
+  const std::vector<std::pair<int, nanoseconds>> expected{{0, 0ms}, {1, 0ms}, {5, 0ms}, {6, 100ms},
+                                                          {2, 1s},  {3, 1s},  {4, 2s}};
+  SECTION("map_unordered") {
+    virtual_loop loop;
+    trace t;
+    sluice::keyed_rate_limiter<char> per_host{loop.get_executor(), 2, 1s};
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(sluice::map_unordered([&](job j) { return work(loop, t, j); }, in,
+                                                      3, sluice::by_key(key_of, per_host)),
+                                [](int) {});
+    });
+    CHECK(t.starts == expected);
+    CHECK(most_starts_per_window(t, in, 1s) == 2);
+    CHECK(per_host.stats().acquired == 7);  // one start per task, none spent otherwise
+    CHECK(loop.now() == 2100ms);
+  }
+  SECTION("gather_with_concurrency: results in input order") {
+    virtual_loop loop;
+    trace t;
+    sluice::keyed_rate_limiter<char> per_host{loop.get_executor(), 2, 1s};
+    std::vector<int> got;
+    loop.run([&]() -> asio::awaitable<void> {
+      sluice_test::lazy_tasks<asio::awaitable<int>> tasks(
+          in.size(), [&](std::size_t i) { return work(loop, t, in[i]); });
+      got = co_await sluice::gather_with_concurrency(
+          3, tasks, sluice::by_key([&](std::size_t i) { return in[i].key; }, per_host));
+    });
+    CHECK(got == std::vector<int>{0, 1, 2, 3, 4, 5, 6});
+    CHECK(t.starts == expected);
+    CHECK(per_host.stats().acquired == 7);
+  }
+}
+
+TEST_CASE("by_key gives back a grant that came while the slot went to another key", "[by_key]") {
+  // abab, 2 at once, 1 start per host per second: a and b at 0; at 1 s both
+  // waits are granted at the same instant, a (older) takes the slot and b's
+  // start is given back, so the second slot takes b at 1 s, not at 2 s.
+  const std::vector<job> in = jobs("abab", 100ms);
+  virtual_loop loop;
+  trace t;
+  sluice::keyed_rate_limiter<char> per_host{loop.get_executor(), 1, 1s};
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(sluice::map_unordered([&](job j) { return work(loop, t, j); }, in, 2,
+                                                    sluice::by_key(key_of, per_host)),
+                              [](int) {});
+  });
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 0ms}, {1, 0ms}, {2, 1s}, {3, 1s}});
+  CHECK(per_host.stats().acquired == 4);
+  CHECK(loop.now() == 1100ms);
+}
+
+TEST_CASE("a fan-out by a keyed limit cancelled at any point leaves no permit, start or waiter",
+          "[by_key]") {
+  // Cancelled at every instant the schedule changes, after 0 to 5 more loop
+  // turns: while waiting for a host's permit, with permits in hand, between.
+  for (nanoseconds at : {0ms, 50ms, 100ms, 200ms, 250ms, 300ms, 350ms, 450ms, 500ms})
+    for (int turns = 0; turns <= 5; ++turns) {
+      INFO("cancelled at " << at.count() << " ns after " << turns << " turns");
+      {  // keyed_semaphore shared with another caller
+        trace t;
+        sluice_test::tasks_on_loop h;
+        shared_hosts s{h.loop, t};
+        h.spawn([&] { return s.other('a', 0ms, 250ms); });
+        auto& fan = h.spawn([&]() -> asio::awaitable<void> {
+          co_await sluice::for_each(
+              sluice::map_unordered([&](job j) { return s.task(j); }, jobs("aaabbcd", 100ms), 2,
+                                    sluice::by_key(key_of, s.hosts)),
+              [](int) {});
+        });
+        h.spawn([&, at, turns]() -> asio::awaitable<void> {
+          co_await sluice::sleep(at);
+          for (int i = 0; i < turns; ++i) co_await asio::post(asio::use_awaitable);
+          fan.cancel();
+        });
+        h.loop.run_for(10s);
+        CHECK(fan.done);
+        CHECK(s.unheld == 0);
+        CHECK(t.now == 0);
+        CHECK(s.hosts.keys() == 0);  // no key held or waited for
+        CHECK(s.hosts.stats().in_use == 0);
+      }
+      {  // keyed_rate_limiter: a start only for each task that ran
+        trace t;
+        sluice_test::tasks_on_loop h;
+        sluice::keyed_rate_limiter<char> per_host{h.loop.get_executor(), 1, 200ms};
+        auto& fan = h.spawn([&]() -> asio::awaitable<void> {
+          co_await sluice::for_each(
+              sluice::map_unordered([&](job j) { return work(h.loop, t, j); }, jobs("ababab", 50ms),
+                                    2, sluice::by_key(key_of, per_host)),
+              [](int) {});
+        });
+        h.spawn([&, at, turns]() -> asio::awaitable<void> {
+          co_await sluice::sleep(at);
+          for (int i = 0; i < turns; ++i) co_await asio::post(asio::use_awaitable);
+          fan.cancel();
+        });
+        h.loop.run_for(10s);
+        CHECK(fan.done);
+        CHECK(t.now == 0);
+        CHECK(per_host.stats().acquired == t.starts.size());
+        CHECK(per_host.waiters('a') + per_host.waiters('b') == 0);
+      }
+    }
+}
+
+TEST_CASE("a fan-out by a keyed limit whose caller was cancelled before it called takes nothing",
+          "[by_key]") {
+  trace t;
+  sluice_test::tasks_on_loop h;
+  shared_hosts s{h.loop, t};
+  auto& fan = h.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    try {
+      co_await sluice::sleep(1h);  // cancelled here...
+    } catch (const sluice::system_error&) {
+    }
+    co_await sluice::for_each(  // ...then calls
+        sluice::map_unordered([&](job j) { return s.task(j); }, jobs("aab", 100ms), 2,
+                              sluice::by_key(key_of, s.hosts)),
+        [](int) {});
+  });
+  h.poll();
+  fan.cancel();
+  h.loop.run_for(1s);
+  CHECK(fan.cancelled());
+  CHECK(t.starts.empty());
+  CHECK(s.hosts.keys() == 0);
+  CHECK(s.hosts.stats().acquired == 0);
+}
+
+TEST_CASE("fail fast by a keyed limit releases the permits and withdraws the waits", "[by_key]") {
+  // aabbcc, 4 at once, 1 per host: a, b, c start at 0 and the fourth slot
+  // waits on a, b and c's permits; b fails at 13 ms.
+  virtual_loop loop;
+  trace t;
+  shared_hosts s{loop, t};
+  std::vector<job> in = jobs("aabbcc", 100ms);
+  in[2].took = 13ms;
+  CHECK_THROWS_WITH(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(sluice::map_unordered([&](job j) { return s.task(j); }, in, 4,
+                                                    sluice::by_key(key_of, s.hosts)),
+                              [](int) {});
+  }),
+                    "job 2 failed");
+  CHECK(loop.now() == 13ms);
+  CHECK(t.cancelled == 2);
+  CHECK(s.hosts.keys() == 0);
+  CHECK(s.hosts.stats().in_use == 0);
+}

@@ -15,6 +15,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <type_traits>
 #include <unordered_map>
@@ -178,6 +179,11 @@ class keyed_rate_limiter {
   // grant's key for give_back_start.
   asio::awaitable<clock::time_point> acquire_start(Key key) {
     return acquire_impl<true>(std::move(key), 1);
+  }
+  // For by_key: try_acquire(key), returning the grant's key if it took one.
+  std::optional<clock::time_point> try_start(const Key& key) {
+    if (!try_acquire(key)) return std::nullopt;
+    return clock_.now();  // a sliding window's grant key: the start's instant
   }
   // For by_key: forgets the start that acquire_start returned `at` for (its
   // task never started). Nothing if the start has left the window.

@@ -14,8 +14,8 @@
 // - try_take(l, key): a grant if the key is free now and nobody waits for it.
 // - wait(l, key): waits for a grant of key; a cancelled wait takes nothing
 //   (the limits hand a grant racing the cancellation on).
-// - start(grant): what the task holds for its run (a permit, released when
-//   the task ends; nothing for a rate start, which is spent when it starts).
+// The grant is the task's ticket: a permit is released when the task ends; a
+// rate start has spend(), called as the task starts (keyed_call).
 
 #include <sluice/config.hpp>
 
@@ -40,6 +40,10 @@ struct keyed_limit_access {
   static auto acquire_start(L& l, K key) {
     return l.acquire_start(std::move(key));
   }
+  template <class L, class K>
+  static auto try_start(L& l, const K& key) {
+    return l.try_start(key);
+  }
   template <class L, class K, class T>
   static void give_back_start(L& l, const K& key, T at) {
     l.give_back_start(key, at);
@@ -57,11 +61,9 @@ struct keyed_limit_traits<keyed_semaphore<K, H, E>> {
   using limit = keyed_semaphore<K, H, E>;
   using key_type = K;
   using grant = typename limit::permit;
-  using held = grant;
 
   static std::optional<grant> try_take(limit& l, const K& key) { return l.try_acquire(key); }
   static asio::awaitable<grant> wait(limit& l, K key) { return l.scoped_acquire(std::move(key)); }
-  static held start(grant g) noexcept { return g; }
 };
 
 template <class K, class H, class E>
@@ -69,10 +71,8 @@ struct keyed_limit_traits<keyed_rate_limiter<K, H, E>> {
   static constexpr bool valid = true;
   using limit = keyed_rate_limiter<K, H, E>;
   using key_type = K;
-  struct held {};
-
-  // A start of key granted at `at`; forgotten by the limiter unless start()
-  // spent it. Empty (nothing to give back): a start taken by try_take.
+  // A start of key granted at `at`; forgotten by the limiter unless spend()
+  // was called (as its task started).
   class grant {
    public:
     grant() = default;
@@ -102,17 +102,13 @@ struct keyed_limit_traits<keyed_rate_limiter<K, H, E>> {
   };
 
   static std::optional<grant> try_take(limit& l, const K& key) {
-    if (!l.try_acquire(key)) return std::nullopt;
-    return grant();
+    if (auto at = keyed_limit_access::try_start(l, key)) return grant(l, key, *at);
+    return std::nullopt;
   }
   static asio::awaitable<grant> wait(limit& l, K key) {
     const std::chrono::steady_clock::time_point at =
         co_await keyed_limit_access::acquire_start(l, key);
     co_return grant(l, std::move(key), at);
-  }
-  static held start(grant g) noexcept {
-    g.spend();
-    return {};
   }
 };
 

@@ -85,7 +85,6 @@ class keyed_source {
   using input_type = std::conditional_t<is_async, range_holder<In>, range_cursor<In>>;
   struct no_limit {
     using grant = int;
-    using held = int;
   };
   using traits = std::conditional_t<limited, keyed_limit_traits<Limit>, no_limit>;
 
@@ -112,7 +111,7 @@ class keyed_source {
   using asks_type = std::conditional_t<limited, asks, no_asks>;
 
  public:
-  using ticket = std::conditional_t<limited, typename traits::held, typename state::ticket>;
+  using ticket = std::conditional_t<limited, typename traits::grant, typename state::ticket>;
   using item = keyed_input<value_type, ticket>;
 
   // A number per key.
@@ -234,7 +233,7 @@ class keyed_source {
     auto t = state_->take(n);
     t.first.reset();  // the limit holds the key's room
     withdraw();
-    return item{traits::start(std::move(g)), std::move(t.second)};
+    return item{std::move(g), std::move(t.second)};
   }
 
   // limited: one wait on the limit for every ready key that has none.
@@ -318,7 +317,10 @@ struct keyed_call {
   template <class Item,
             class Task = std::invoke_result_t<F&, decltype(std::declval<Item&>().value)>>
   Task operator()(Item item) {
-    auto held = std::move(item.ticket);  // released when this task ends
+    // Released when this task ends; a rate start is spent as it starts (a
+    // ticket dropped unstarted gives it back).
+    [[maybe_unused]] auto held = std::move(item.ticket);
+    if constexpr (requires { held.spend(); }) held.spend();
     if constexpr (std::is_void_v<task_result_t<Task>>) {
       co_await std::invoke(fn, std::move(item.value));
     } else {
