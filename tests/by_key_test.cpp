@@ -744,6 +744,22 @@ struct shared_hosts {
     co_await sluice::sleep(hold);
     other_holds[key] = false;
   }
+  // The jobs of `keys` as children of a keyed task group limited by `hosts`.
+  asio::awaitable<void> group(std::string keys, std::size_t limit) {
+    co_await char_group::run(limit, hosts,
+                             [self = this, &keys](char_group& g) -> asio::awaitable<void> {
+                               for (auto& j : jobs(keys, 100ms)) g.spawn(j.key, self->child(j));
+                               co_return;
+                             });
+  }
+  asio::awaitable<void> child(job j) { co_await task(j); }
+  // The same through map_unordered by `hosts`.
+  asio::awaitable<void> map(std::string keys, std::size_t limit) {
+    co_await sluice::for_each(
+        sluice::map_unordered([self = this](job j) { return self->task(j); }, jobs(keys, 100ms),
+                              limit, sluice::by_key(key_of, hosts)),
+        [](int) {});
+  }
 };
 
 }  // namespace
@@ -760,15 +776,23 @@ TEST_CASE(
   virtual_loop loop;
   trace t;
   shared_hosts s{loop, t};
-  auto crawl = [&]() -> asio::awaitable<void> {
-    co_await sluice::for_each(
-        sluice::map_unordered([&](job j) { return s.task(j); }, jobs("aaabbcd", 100ms), 2,
-                              sluice::by_key(key_of, s.hosts)),
-        [](int) {});
-  };
-  loop.run([&]() -> asio::awaitable<void> {
-    co_await sluice::gather(s.other('a', 0ms, 250ms), s.other('a', 260ms, 50ms), crawl());
-  });
+  SECTION("map_unordered") {
+    auto crawl = [&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(
+          sluice::map_unordered([&](job j) { return s.task(j); }, jobs("aaabbcd", 100ms), 2,
+                                sluice::by_key(key_of, s.hosts)),
+          [](int) {});
+    };
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::gather(s.other('a', 0ms, 250ms), s.other('a', 260ms, 50ms), crawl());
+    });
+  }
+  SECTION("keyed_task_group: the same schedule, children spawned at 0") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::gather(s.other('a', 0ms, 250ms), s.other('a', 260ms, 50ms),
+                              s.group("aaabbcd", 2));
+    });
+  }
   CHECK(s.unheld == 0);
   CHECK(started(t, 3) == 0ms);  // b
   CHECK(started(t, 5) == 0ms);  // c
@@ -856,6 +880,25 @@ TEST_CASE("by_key gives back a grant that came while the slot went to another ke
   CHECK(loop.now() == 1100ms);
 }
 
+namespace {
+
+// Spawns `fan_out` and cancels it at `at` plus `turns` loop turns, then runs
+// the loop until everything is over; returns its task.
+template <class F>
+sluice_test::task& cancelled_at(sluice_test::tasks_on_loop& h, nanoseconds at, int turns,
+                                F fan_out) {
+  auto& fan = h.spawn(std::move(fan_out));
+  h.spawn([&fan, at, turns]() -> asio::awaitable<void> {
+    co_await sluice::sleep(at);
+    for (int i = 0; i < turns; ++i) co_await asio::post(asio::use_awaitable);
+    fan.cancel();
+  });
+  h.loop.run_for(10s);
+  return fan;
+}
+
+}  // namespace
+
 TEST_CASE("a fan-out by a keyed limit cancelled at any point leaves no permit, start or waiter",
           "[by_key]") {
   // Cancelled at every instant the schedule changes, after 0 to 5 more loop
@@ -863,23 +906,24 @@ TEST_CASE("a fan-out by a keyed limit cancelled at any point leaves no permit, s
   for (nanoseconds at : {0ms, 50ms, 100ms, 200ms, 250ms, 300ms, 350ms, 450ms, 500ms})
     for (int turns = 0; turns <= 5; ++turns) {
       INFO("cancelled at " << at.count() << " ns after " << turns << " turns");
-      {  // keyed_semaphore shared with another caller
+      for (bool group : {false, true}) {  // keyed_semaphore shared with another caller
+        INFO((group ? "keyed_task_group" : "map_unordered"));
         trace t;
         sluice_test::tasks_on_loop h;
         shared_hosts s{h.loop, t};
         h.spawn([&] { return s.other('a', 0ms, 250ms); });
-        auto& fan = h.spawn([&]() -> asio::awaitable<void> {
-          co_await sluice::for_each(
-              sluice::map_unordered([&](job j) { return s.task(j); }, jobs("aaabbcd", 100ms), 2,
-                                    sluice::by_key(key_of, s.hosts)),
-              [](int) {});
+        nanoseconds ended{-1};
+        auto& fan = cancelled_at(h, at, turns, [&]() -> asio::awaitable<void> {
+          try {
+            // (Named: g++ 12 may destroy a co_await operand's temporaries twice.)
+            auto run = group ? s.group("aaabbcd", 2) : s.map("aaabbcd", 2);
+            co_await std::move(run);
+          } catch (...) {
+            ended = h.loop.now();
+            throw;
+          }
         });
-        h.spawn([&, at, turns]() -> asio::awaitable<void> {
-          co_await sluice::sleep(at);
-          for (int i = 0; i < turns; ++i) co_await asio::post(asio::use_awaitable);
-          fan.cancel();
-        });
-        h.loop.run_for(10s);
+        CHECK(ended == at);  // at once: no wait on the limit outlives the cancellation
         CHECK(fan.done);
         CHECK(s.unheld == 0);
         CHECK(t.now == 0);
@@ -890,18 +934,12 @@ TEST_CASE("a fan-out by a keyed limit cancelled at any point leaves no permit, s
         trace t;
         sluice_test::tasks_on_loop h;
         sluice::keyed_rate_limiter<char> per_host{h.loop.get_executor(), 1, 200ms};
-        auto& fan = h.spawn([&]() -> asio::awaitable<void> {
+        auto& fan = cancelled_at(h, at, turns, [&]() -> asio::awaitable<void> {
           co_await sluice::for_each(
               sluice::map_unordered([&](job j) { return work(h.loop, t, j); }, jobs("ababab", 50ms),
                                     2, sluice::by_key(key_of, per_host)),
               [](int) {});
         });
-        h.spawn([&, at, turns]() -> asio::awaitable<void> {
-          co_await sluice::sleep(at);
-          for (int i = 0; i < turns; ++i) co_await asio::post(asio::use_awaitable);
-          fan.cancel();
-        });
-        h.loop.run_for(10s);
         CHECK(fan.done);
         CHECK(t.now == 0);
         CHECK(per_host.stats().acquired == t.starts.size());

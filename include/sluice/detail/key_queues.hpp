@@ -50,10 +50,14 @@ class key_state : public std::enable_shared_from_this<key_state<U, Key, Hash>> {
   };
   using map_type = std::unordered_map<Key, entry, Hash>;
   using node = typename map_type::value_type;
+  using key_type = Key;
+  using value_type = U;
+  using hash_type = Hash;
 
   // Holds one unit of its key's room; gives it back when destroyed.
   class ticket {
    public:
+    ticket() noexcept = default;  // holds nothing
     ticket(std::shared_ptr<key_state> s, node* n) noexcept : s_(std::move(s)), n_(n) {}
     ticket(ticket&& o) noexcept : s_(std::move(o.s_)), n_(std::exchange(o.n_, nullptr)) {}
     ticket& operator=(ticket&& o) noexcept {
@@ -71,7 +75,7 @@ class key_state : public std::enable_shared_from_this<key_state<U, Key, Hash>> {
 
    private:
     std::shared_ptr<key_state> s_;
-    node* n_;
+    node* n_ = nullptr;
   };
 
   key_state(std::size_t per_key, std::size_t buffer, bool most_waiting = false)

@@ -15,24 +15,16 @@
 // concurrently).
 //
 // With a keyed limit the user owns (Limit: keyed_semaphore,
-// keyed_rate_limiter; detail/keyed_limit.hpp) instead of a number, every key
-// with queued inputs is "ready" to key_state, and next() (called only by the
-// worker holding the fan-out's free slot) asks the limit: the first ready key
-// in take()'s order whose grant is in hand or free now (try_take) gets the
-// slot, its grant becoming the task's ticket. If none, next() starts one wait
-// on the limit per ready key (asks_, at most one per key) and parks; the
-// first grant wakes it. When next() hands out an input, the other waits are
-// withdrawn: cancelled (a grant racing the cancellation is handed on by the
-// limit) and grants already in hand dropped, which gives them back. So a key
-// is asked for only while a slot is free and a grant is never kept without
-// its task. asks_: per key, the wait's child index in the set, live (the wait
-// runs), withdrawn, and its grant once it resumed with one. An entry is
-// erased when its wait ended withdrawn or failed, or its grant was taken or
-// dropped; a key with an entry gets no second wait.
+// keyed_rate_limiter) instead of a number, the limit decides which key's
+// head input may start (detail/key_asks.hpp): next(), called only by the
+// worker holding the fan-out's free slot, takes an input whose grant is in
+// hand or free, else asks the limit for every ready key and parks until a
+// wait ends. The grant is the task's ticket.
 
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
 #include <sluice/detail/child_set.hpp>
+#include <sluice/detail/key_asks.hpp>
 #include <sluice/detail/key_queues.hpp>
 #include <sluice/detail/keyed_limit.hpp>
 #include <sluice/detail/map_core.hpp>
@@ -47,9 +39,7 @@
 #include <optional>
 #include <system_error>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
-#include <vector>
 
 namespace sluice::detail {
 
@@ -60,7 +50,8 @@ struct keyed_input {
   U value;
 };
 
-// For a number per key (Limit = void): the key function's key and std::hash.
+// For a number per key (Limit = void): the key function's key and std::hash;
+// for a keyed limit, the limit's.
 template <class KeyFn, class V, class Limit>
 struct source_keys {
   using key_type = std::remove_cvref_t<std::invoke_result_t<KeyFn&, const V&>>;
@@ -83,10 +74,10 @@ class keyed_source {
   using key_type = typename keys::key_type;
   using state = key_state<value_type, key_type, typename keys::hash>;
   using input_type = std::conditional_t<is_async, range_holder<In>, range_cursor<In>>;
-  struct no_limit {
-    using grant = int;
-  };
-  using traits = std::conditional_t<limited, keyed_limit_traits<Limit>, no_limit>;
+  struct no_limit {};
+  using limit_type = std::conditional_t<limited, Limit, no_limit>;
+  using asks_type = key_asks<state, limit_type>;
+  using asks_ptr = std::conditional_t<limited, std::shared_ptr<asks_type>, no_limit>;
 
   // The input and the key function: shared with a pull in progress.
   struct shared {
@@ -96,22 +87,8 @@ class keyed_source {
     std::shared_ptr<child_set> pulls = std::make_shared<child_set>();  // the pull in progress
   };
 
-  struct ask {
-    std::size_t child = 0;
-    bool live = true;
-    bool withdrawn = false;
-    std::optional<typename traits::grant> granted;
-  };
-  // The waits on the keyed limit (see the file comment): shared with them.
-  struct asks {
-    std::unordered_map<key_type, ask, typename keys::hash> by_key;
-    std::shared_ptr<child_set> set = std::make_shared<child_set>();
-  };
-  struct no_asks {};
-  using asks_type = std::conditional_t<limited, asks, no_asks>;
-
  public:
-  using ticket = std::conditional_t<limited, typename traits::grant, typename state::ticket>;
+  using ticket = typename std::conditional_t<limited, asks_type, state>::ticket;
   using item = keyed_input<value_type, ticket>;
 
   // A number per key.
@@ -121,13 +98,14 @@ class keyed_source {
         shared_(std::make_shared<shared>(std::forward<In>(in), std::move(key))) {}
 
   // The user's keyed limit, which must outlive the source's close().
-  using limit_type = std::conditional_t<limited, Limit, no_limit>;
   keyed_source(In&& in, KeyFn key, limit_type& limit, std::size_t buffer,
                bool most_waiting) requires limited
       : state_(std::make_shared<state>(static_cast<std::size_t>(-1), buffer, most_waiting)),
         shared_(std::make_shared<shared>(std::forward<In>(in), std::move(key))),
-        limit_(&limit),
-        asks_(std::make_shared<asks_type>()) {}
+        asks_(std::make_shared<asks_type>(state_, limit, [st = state_](std::exception_ptr e) {
+          if (e && !st->error) st->error = std::move(e);  // the limit refused a wait
+          st->wake();
+        })) {}
 
   // The next input to start: the oldest whose key has room (most_waiting:
   // of the key with the most buffered inputs, after pulling as far as the
@@ -137,7 +115,7 @@ class keyed_source {
   // was handed out.
   asio::awaitable<std::optional<item>, Executor> next() {
     const Executor ex = co_await asio::this_coro::executor;
-    bool scanned = false;  // limited: every ready key was asked since the last park
+    bool scanned = false;  // limited: every ready key was tried since the last park
     for (;;) {
       if (auto e = std::exchange(state_->error, nullptr)) std::rethrow_exception(e);
       const bool can_pull = !state_->input_done && !state_->pulling && state_->has_room();
@@ -158,19 +136,19 @@ class keyed_source {
             [[maybe_unused]] auto* n =
                 state_->push(std::invoke(shared_->key, std::as_const(v)), std::move(v));
             if constexpr (limited) {
-              // The keys before it were asked already: only the new one may
+              // The keys before it were tried already: only the new one may
               // be free (oldest first; most_waiting chooses after the pulls).
               if (!state_->most_waiting()) {
                 scanned = true;
-                if (n->second.queue.size() == 1)
-                  if (auto g = grab(n->first)) co_return hand_out(n, std::move(*g));
+                if (auto t = asks_->take_pushed(n))
+                  co_return item{std::move(t->first), std::move(t->second)};
               }
             }
           }
           continue;
         }
       }
-      if constexpr (limited) ask_ready(ex);
+      if constexpr (limited) asks_->ask_ready(ex);
       co_await state_->park(ex);
     }
   }
@@ -184,11 +162,7 @@ class keyed_source {
     const Executor ex = co_await asio::this_coro::executor;
     co_await shared_->pulls->async_join(
         ex, asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
-    if constexpr (limited) {
-      withdraw();
-      co_await asks_->set->async_join(ex,
-                                      asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
-    }
+    if constexpr (limited) co_await asks_->join(ex);
     if constexpr (is_async && !std::is_reference_v<In>) {
       if constexpr (requires(std::remove_reference_t<In> & s) {
                       { s.close() } -> std::same_as<asio::awaitable<void, Executor>>;
@@ -201,88 +175,12 @@ class keyed_source {
  private:
   // The input that may start now, with its ticket; empty if none.
   std::optional<item> take() {
-    if constexpr (!limited) {
+    if constexpr (limited) {
+      if (auto t = asks_->take()) return item{std::move(t->first), std::move(t->second)};
+    } else {
       if (auto t = state_->take()) return item{std::move(t->first), std::move(t->second)};
-      return std::nullopt;
-    } else {
-      std::optional<typename traits::grant> g;
-      auto* n = state_->find_ready([&](const key_type& k) {
-        g = grab(k);
-        return g.has_value();
-      });
-      if (n == nullptr) return std::nullopt;
-      return hand_out(n, std::move(*g));
     }
-  }
-
-  // limited: key k's grant if it is in hand or free now.
-  std::optional<typename traits::grant> grab(const key_type& k) {
-    std::optional<typename traits::grant> g;
-    if (auto a = asks_->by_key.find(k); a != asks_->by_key.end() && !a->second.withdrawn) {
-      if (!a->second.granted) return g;  // our wait for it is queued
-      g = std::move(a->second.granted);
-      asks_->by_key.erase(a);
-      return g;
-    }
-    return traits::try_take(*limit_, k);
-  }
-
-  // limited: the head input of n's key with its grant; the other waits are
-  // withdrawn.
-  item hand_out(typename state::node* n, typename traits::grant g) {
-    auto t = state_->take(n);
-    t.first.reset();  // the limit holds the key's room
-    withdraw();
-    return item{std::move(g), std::move(t.second)};
-  }
-
-  // limited: one wait on the limit for every ready key that has none.
-  void ask_ready(const Executor& ex) {
-    if (asks_->set->running() == 0 && asks_->set->size() >= 64)
-      asks_->set = std::make_shared<child_set>();  // finished slots go
-    state_->find_ready([&](const key_type& k) {
-      auto [a, made] = asks_->by_key.try_emplace(k);
-      if (made) {
-        a->second.child = asks_->set->size();  // (the wait may end inside spawn)
-        asks_->set->spawn(ex, wait_for(asks_, state_, limit_, k));
-      }
-      return false;
-    });
-  }
-
-  // limited: cancels every live wait and drops the grants in hand.
-  void withdraw() {
-    std::vector<std::size_t> cancel;
-    for (auto a = asks_->by_key.begin(); a != asks_->by_key.end();) {
-      if (!a->second.live) {
-        a = asks_->by_key.erase(a);  // its grant goes back to the limit
-        continue;
-      }
-      if (!std::exchange(a->second.withdrawn, true)) cancel.push_back(a->second.child);
-      ++a;
-    }
-    auto set = asks_->set;
-    for (std::size_t i : cancel) set->cancel(i);
-  }
-
-  static asio::awaitable<void, Executor> wait_for(std::shared_ptr<asks_type> as,
-                                                  std::shared_ptr<state> st, Limit* l, key_type k) {
-    std::optional<typename traits::grant> g;
-    std::exception_ptr error;
-    try {
-      g.emplace(co_await traits::wait(*l, k));
-    } catch (...) {
-      error = std::current_exception();
-    }
-    auto a = as->by_key.find(k);  // there: a live wait's entry is kept
-    a->second.live = false;
-    if (!a->second.withdrawn && g) {
-      a->second.granted = std::move(g);
-    } else {
-      if (!a->second.withdrawn && !st->error) st->error = error;  // the limit refused
-      as->by_key.erase(a);  // (g, if any, goes back to the limit)
-    }
-    st->wake();
+    return std::nullopt;
   }
 
   static asio::awaitable<void, Executor> pull(std::shared_ptr<state> st,
@@ -305,8 +203,7 @@ class keyed_source {
 
   std::shared_ptr<state> state_;
   std::shared_ptr<shared> shared_;
-  [[no_unique_address]] std::conditional_t<limited, Limit*, no_asks> limit_{};
-  std::shared_ptr<asks_type> asks_;
+  [[no_unique_address]] asks_ptr asks_;
 };
 
 // The function the map applies: runs fn on the input while its ticket holds
