@@ -913,6 +913,7 @@ TEST_CASE("a fan-out by a keyed limit cancelled at any point leaves no permit, s
         shared_hosts s{h.loop, t};
         h.spawn([&] { return s.other('a', 0ms, 250ms); });
         nanoseconds ended{-1};
+        std::size_t left_waiting = 1;
         auto& fan = cancelled_at(h, at, turns, [&]() -> asio::awaitable<void> {
           try {
             // (Named: g++ 12 may destroy a co_await operand's temporaries twice.)
@@ -920,10 +921,13 @@ TEST_CASE("a fan-out by a keyed limit cancelled at any point leaves no permit, s
             co_await std::move(run);
           } catch (...) {
             ended = h.loop.now();
+            left_waiting = s.hosts.stats().waiting;
             throw;
           }
         });
-        CHECK(ended == at);  // at once: no wait on the limit outlives the cancellation
+        // At once, and no wait of ours on the limit outlives the call.
+        CHECK(ended == at);
+        CHECK(left_waiting == 0);
         CHECK(fan.done);
         CHECK(s.unheld == 0);
         CHECK(t.now == 0);
