@@ -996,3 +996,206 @@ TEST_CASE("fail fast by a keyed limit releases the permits and withdraws the wai
   CHECK(s.hosts.keys() == 0);
   CHECK(s.hosts.stats().in_use == 0);
 }
+
+// --- review ---
+
+TEST_CASE("a keyed_rate_limiter start by_key took without a wait is given back exactly if unused",
+          "[by_key][review]") {
+  // The grant by_key takes for a free key (try_take) is given back if its
+  // task never starts (the fan-out cancelled or failing fast between the
+  // hand-out and the start): the limiter must forget that very start. On the
+  // steady clock the grant's key must be the instant the window recorded, or
+  // the start stays in the window (the key full for `per`, though no task ran)
+  // while stats() uncounts it.
+  asio::io_context io;
+  sluice::keyed_rate_limiter<int> per_key{io.get_executor(), 1, 1h};
+  using traits = sluice::detail::keyed_limit_traits<sluice::keyed_rate_limiter<int>>;
+  std::size_t taken = 0, free_again = 0;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        for (int k = 0; k < 50; ++k) {
+          if (traits::try_take(per_key, k)) ++taken;  // dropped at once, unstarted
+          if (per_key.try_acquire(k)) ++free_again;
+        }
+        co_return;
+      },
+      asio::detached);
+  io.run();
+  CHECK(taken == 50);
+  CHECK(free_again == 50);
+  CHECK(per_key.stats().acquired == 50);  // the 50 try_acquire starts, no more
+}
+
+TEST_CASE("by_key with a shed keyed_semaphore fails with its overloaded_error, leaving nothing",
+          "[by_key][review]") {
+  // Another caller holds a from 0 to 250 ms; the semaphore sheds every wait
+  // (max_waiting 0). "ab", 2 at once: b starts at 0 (free), a's wait is
+  // refused at once. map_unordered fails fast: at 0 with overloaded_error, b
+  // cancelled. return_exceptions: the refusal ends the stream as an input's
+  // error does, b finishing first. keyed_task_group: its asker meets the
+  // refusal before it starts b, and fails the group at 0.
+  for (int form = 0; form < 3; ++form) {
+    INFO("form " << form << " (0 map_unordered, 1 return_exceptions, 2 keyed_task_group)");
+    virtual_loop loop;
+    trace t;
+    sluice::keyed_semaphore<char> hosts{loop.get_executor(), 1,
+                                        sluice::shed_options{.max_waiting = 0}};
+    nanoseconds failed_at{-1};
+    std::size_t left_waiting = 9, left_in_use = 9, outcomes = 0;
+    auto other = [&]() -> asio::awaitable<void> {
+      auto p = co_await hosts.scoped_acquire('a');
+      co_await sluice::sleep(250ms);
+    };
+    auto fan = [&]() -> asio::awaitable<void> {
+      try {
+        if (form == 0) {
+          co_await sluice::for_each(
+              sluice::map_unordered([&](job j) { return work(loop, t, j); }, jobs("ab", 100ms), 2,
+                                    sluice::by_key(key_of, hosts)),
+              [](int) {});
+        } else if (form == 1) {
+          co_await sluice::for_each(
+              sluice::map_unordered([&](job j) { return work(loop, t, j); }, jobs("ab", 100ms), 2,
+                                    sluice::by_key(key_of, hosts), sluice::return_exceptions),
+              [&](sluice::outcome<int>) { ++outcomes; });
+        } else {
+          co_await char_group::run(2, hosts, [&](char_group& g) -> asio::awaitable<void> {
+            for (auto& j : jobs("ab", 100ms)) g.spawn(j.key, child_work(loop, t, j));
+            co_return;
+          });
+        }
+      } catch (const sluice::overloaded_error&) {
+        failed_at = loop.now();
+        left_waiting = hosts.stats().waiting;
+        left_in_use = hosts.stats().in_use;
+      }
+    };
+    loop.run([&]() -> asio::awaitable<void> { co_await sluice::gather(other(), fan()); });
+    CHECK(failed_at == (form == 1 ? 100ms : 0ms));
+    CHECK(left_waiting == 0);
+    CHECK(left_in_use == 1);  // the other caller's
+    if (form == 2) {          // the asker met the refusal before b: b dropped unstarted
+      CHECK(t.starts.empty());
+    } else {
+      CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{1, 0ms}});
+    }
+    CHECK(t.cancelled == (form == 0 ? 1u : 0u));
+    CHECK(outcomes == (form == 1 ? 1u : 0u));
+    CHECK(t.now == 0);
+    CHECK(hosts.keys() == 0);
+  }
+}
+
+TEST_CASE(
+    "a keyed task group by a keyed limit whose caller was cancelled before it called "
+    "takes nothing",
+    "[by_key][review]") {
+  for (bool limited : {false, true}) {  // a number per key as the reference
+    INFO((limited ? "keyed_semaphore" : "per_key 1"));
+    trace t;
+    sluice_test::tasks_on_loop h;
+    shared_hosts s{h.loop, t};
+    auto& fan = h.spawn([&]() -> asio::awaitable<void> {
+      co_await asio::this_coro::throw_if_cancelled(false);
+      try {
+        co_await sluice::sleep(1h);  // cancelled here...
+      } catch (const sluice::system_error&) {
+      }
+      if (limited) {  // ...then calls
+        co_await s.group("aab", 2);
+      } else {
+        co_await char_group::run(2, 1, [&](char_group& g) -> asio::awaitable<void> {
+          for (auto& j : jobs("aab", 100ms)) g.spawn(j.key, child_work(h.loop, t, j));
+          co_return;
+        });
+      }
+    });
+    h.poll();
+    fan.cancel();
+    h.loop.run_for(1s);
+    CHECK(fan.cancelled());
+    CHECK(t.starts.empty());
+    CHECK(s.hosts.keys() == 0);
+    CHECK(s.hosts.stats().acquired == 0);
+  }
+}
+
+TEST_CASE("an error of the key function or the input with waits on the keyed limit withdraws them",
+          "[by_key][review]") {
+  // An async input yields a0, a1, then fails (or the key function throws)
+  // at 30 ms; another caller holds a from 0 to 250 ms, so the fan-out waits
+  // on a's permit when the error comes: it fails at once, nothing started,
+  // its wait withdrawn before it returns.
+  for (bool key_throws : {false, true}) {
+    INFO((key_throws ? "the key function throws" : "the input throws"));
+    virtual_loop loop;
+    trace t;
+    shared_hosts s{loop, t};
+    sluice_test::recorded_source<job> in(jobs("aab", 100ms), 10ms);
+    if (!key_throws) in.throw_at(2);
+    auto key = [key_throws](const job& j) {
+      if (key_throws && j.id == 2) throw std::runtime_error("no key");
+      return j.key;
+    };
+    nanoseconds failed_at{-1};
+    std::size_t left_waiting = 9;
+    auto fan = [&]() -> asio::awaitable<void> {
+      try {
+        co_await sluice::for_each(sluice::map_unordered([&](job j) { return s.task(j); }, in, 2,
+                                                        sluice::by_key(key, s.hosts)),
+                                  [](int) {});
+      } catch (const std::runtime_error&) {
+        failed_at = loop.now();
+        left_waiting = s.hosts.stats().waiting;
+      }
+    };
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::gather(s.other('a', 0ms, 250ms), fan());
+    });
+    CHECK(failed_at == 30ms);
+    CHECK(left_waiting == 0);
+    CHECK(t.starts.empty());
+    CHECK(s.hosts.keys() == 0);
+    CHECK(s.hosts.stats().acquired == 1);  // the other caller's
+  }
+}
+
+TEST_CASE("a keyed limit destroyed as soon as a cancelled fan-out by it returns is not used again",
+          "[by_key][review]") {
+  // Cancelled while tasks run and waits are queued on the limits (a's
+  // permit, a's next start) or at their grant instant, after 0 to 3 turns;
+  // the limits die the moment the call returns (ASan sees any later use).
+  for (nanoseconds at : {0ms, 50ms, 100ms})
+    for (int turns = 0; turns <= 3; ++turns) {
+      INFO("cancelled at " << at.count() << " ns after " << turns << " turns");
+      trace t;
+      sluice_test::tasks_on_loop h;
+      auto& fan = cancelled_at(h, at, turns, [&]() -> asio::awaitable<void> {
+        auto hosts = std::make_unique<sluice::keyed_semaphore<char>>(h.loop.get_executor(), 1);
+        auto rate =
+            std::make_unique<sluice::keyed_rate_limiter<char>>(h.loop.get_executor(), 1, 100ms);
+        auto map = [&](auto& limit) -> asio::awaitable<void> {
+          co_await sluice::for_each(
+              sluice::map_unordered([&](job j) { return work(h.loop, t, j); }, jobs("aab", 100ms),
+                                    2, sluice::by_key(key_of, limit)),
+              [](int) {});
+        };
+        auto group = [&](auto& limit) -> asio::awaitable<void> {
+          co_await char_group::run(2, limit, [&](char_group& g) -> asio::awaitable<void> {
+            for (auto& j : jobs("aab", 100ms)) g.spawn(j.key, child_work(h.loop, t, j));
+            co_return;
+          });
+        };
+        try {
+          co_await sluice::gather(map(*hosts), map(*rate), group(*hosts), group(*rate));
+        } catch (...) {
+          hosts.reset();
+          rate.reset();
+          throw;
+        }
+      });
+      CHECK(fan.done);
+      CHECK(t.now == 0);
+    }
+}
