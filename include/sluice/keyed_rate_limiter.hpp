@@ -99,13 +99,7 @@ class keyed_rate_limiter {
   /// never suspends.
   [[nodiscard]] bool try_acquire(const Key& key, std::size_t n = 1) {
     window_.check(n, name);
-    clock_.bind_if_unbound();
-    const auto now = clock_.now();
-    sweep(now);
-    entry& e = find_or_add(key);
-    const bool ok = e.core.try_acquire(n);
-    settle(e, now);
-    return ok;
+    return try_take(key, n).has_value();
   }
 
   /// Operations waiting for `key` now.
@@ -180,11 +174,19 @@ class keyed_rate_limiter {
   asio::awaitable<clock::time_point> acquire_start(Key key) {
     return acquire_impl<true>(std::move(key), 1);
   }
-  // For by_key: try_acquire(key), returning the grant's key if it took one.
-  std::optional<clock::time_point> try_start(const Key& key) {
-    if (!try_acquire(key)) return std::nullopt;
-    return clock_.now();  // a sliding window's grant key: the start's instant
+  // try_acquire(key, n), returning the grant's key if it took n: the instant
+  // the window recorded (on the steady clock, not a later reading).
+  std::optional<clock::time_point> try_take(const Key& key, std::size_t n) {
+    clock_.bind_if_unbound();
+    const auto now = clock_.now();
+    sweep(now);
+    entry& e = find_or_add(key);
+    const auto at = e.core.try_acquire_granted(n);
+    settle(e, now);
+    return at;
   }
+  // For by_key: try_acquire(key), returning the grant's key if it took one.
+  std::optional<clock::time_point> try_start(const Key& key) { return try_take(key, 1); }
   // For by_key: forgets the start that acquire_start returned `at` for (its
   // task never started). Nothing if the start has left the window.
   void give_back_start(const Key& key, clock::time_point at) {

@@ -86,14 +86,16 @@ class rate_core {
 
   void check(std::size_t n) const { policy_.check(n, name_); }
 
-  bool try_acquire(std::size_t n) {
+  bool try_acquire(std::size_t n) { return try_acquire_granted(n).has_value(); }
+  // As try_acquire(n), returning the grant's key for give_back if it took n.
+  std::optional<clock::time_point> try_acquire_granted(std::size_t n) {
     check(n);
     const auto in = affinity_.enter(name_);
     clock_.bind_if_unbound();
     sync_clock_kind();
-    if (try_take(n, clock_.now())) return true;
+    if (auto key = try_take(n, clock_.now())) return key;
     ++stats_->throttled;
-    return false;
+    return std::nullopt;
   }
 
   template <class Deliver, class Handler>
