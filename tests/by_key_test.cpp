@@ -1087,6 +1087,28 @@ TEST_CASE("by_key with a shed keyed_semaphore fails with its overloaded_error, l
   }
 }
 
+namespace {
+
+// Runs `call` in a task that asked throw_if_cancelled(false) and whose
+// cancellation was requested before it called; returns the task.
+template <class F>
+sluice_test::task& called_after_cancel(sluice_test::tasks_on_loop& h, F call) {
+  auto& fan = h.spawn([call]() mutable -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    try {
+      co_await sluice::sleep(1h);  // cancelled here, then calls
+    } catch (const sluice::system_error&) {
+    }
+    co_await call();
+  });
+  h.poll();
+  fan.cancel();
+  h.loop.run_for(1s);
+  return fan;
+}
+
+}  // namespace
+
 TEST_CASE(
     "a keyed task group by a keyed limit whose caller was cancelled before it called "
     "takes nothing",
@@ -1096,13 +1118,8 @@ TEST_CASE(
     trace t;
     sluice_test::tasks_on_loop h;
     shared_hosts s{h.loop, t};
-    auto& fan = h.spawn([&]() -> asio::awaitable<void> {
-      co_await asio::this_coro::throw_if_cancelled(false);
-      try {
-        co_await sluice::sleep(1h);  // cancelled here...
-      } catch (const sluice::system_error&) {
-      }
-      if (limited) {  // ...then calls
+    auto& fan = called_after_cancel(h, [&]() -> asio::awaitable<void> {
+      if (limited) {
         co_await s.group("aab", 2);
       } else {
         co_await char_group::run(2, 1, [&](char_group& g) -> asio::awaitable<void> {
@@ -1111,14 +1128,36 @@ TEST_CASE(
         });
       }
     });
-    h.poll();
-    fan.cancel();
-    h.loop.run_for(1s);
     CHECK(fan.cancelled());
     CHECK(t.starts.empty());
     CHECK(s.hosts.keys() == 0);
     CHECK(s.hosts.stats().acquired == 0);
   }
+}
+
+TEST_CASE("by_key with a keyed_semaphore of 2 keeps the buffer bound and per_key 2's schedule",
+          "[by_key][review]") {
+  // The case "inputs of a full key wait outside the slots up to the buffer"
+  // with the user's keyed_semaphore of 2 per key for per_key 2.
+  virtual_loop loop;
+  trace t;
+  sluice::keyed_semaphore<char> per_host{2};
+  recorded_input<job> in(jobs("aaaaaaaaab", 100ms));
+  std::size_t most_ahead = 0;
+  in.on_pull(
+      [&](std::size_t) { most_ahead = std::max(most_ahead, in.pulled() + 1 - t.starts.size()); });
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(
+        sluice::map_unordered([&](job j) { return work(loop, t, j); }, in, 4,
+                              sluice::by_key(key_of, per_host, {.buffer = 3})),
+        [](int) {});
+  });
+  CHECK(most_ahead == 3);
+  CHECK(t.max_running['a'] == 2);
+  CHECK(started(t, 9) == 300ms);
+  CHECK(loop.now() == 500ms);
+  CHECK(t.finished == 10);
+  CHECK(per_host.keys() == 0);
 }
 
 TEST_CASE("an error of the key function or the input with waits on the keyed limit withdraws them",
@@ -1198,4 +1237,110 @@ TEST_CASE("a keyed limit destroyed as soon as a cancelled fan-out by it returns 
       CHECK(fan.done);
       CHECK(t.now == 0);
     }
+}
+
+TEST_CASE("a start by_key gives back goes to the rate limiter's next waiter at that instant",
+          "[by_key][review]") {
+  // 1 start per host per second; another caller started a and b at 0 and
+  // asks for b again at 10 ms, behind the fan-out's wait for b. "ab", 1 slot:
+  // at 1 s both of the fan-out's waits are granted, a takes the slot and b's
+  // start is given back, which grants the other caller's b at 1 s (not 2 s);
+  // the fan-out's b then waits behind it: 2 s.
+  virtual_loop loop;
+  trace t;
+  sluice::keyed_rate_limiter<char> per_host{loop.get_executor(), 1, 1s};
+  nanoseconds other_got{-1};
+  bool started_both = false;
+  auto other = [&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(10ms);
+    co_await per_host.acquire('b');
+    other_got = loop.now();
+  };
+  auto fan = [&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(
+        sluice::map_unordered([&](job j) { return work(loop, t, j); }, jobs("ab", 100ms), 1,
+                              sluice::by_key(key_of, per_host)),
+        [](int) {});
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    started_both = per_host.try_acquire('a') && per_host.try_acquire('b');
+    co_await sluice::gather(other(), fan());
+  });
+  CHECK(started_both);
+  CHECK(other_got == 1s);
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 1s}, {1, 2s}});
+  CHECK(per_host.stats().acquired == 5);
+  CHECK(per_host.waiters('a') + per_host.waiters('b') == 0);
+  CHECK(loop.now() == 2100ms);
+}
+
+TEST_CASE("by_key with a keyed_rate_limiter that sheds a wait fails with its overloaded_error",
+          "[by_key][review]") {
+  // 1 start per second, waits bounded to 50 ms. "aa", 2 at once: a0 starts
+  // at 0; a1's wait could be granted only at 1 s, so the limiter refuses it
+  // at once: the fan-out fails at 0, a0 cancelled, one start counted, no
+  // waiter left.
+  virtual_loop loop;
+  trace t;
+  sluice::keyed_rate_limiter<char> per_host{loop.get_executor(), 1, 1s,
+                                            sluice::shed_options{.max_wait = 50ms}};
+  nanoseconds failed_at{-1};
+  std::size_t left_waiting = 9;
+  loop.run([&]() -> asio::awaitable<void> {
+    try {
+      co_await sluice::for_each(
+          sluice::map_unordered([&](job j) { return work(loop, t, j); }, jobs("aa", 100ms), 2,
+                                sluice::by_key(key_of, per_host)),
+          [](int) {});
+    } catch (const sluice::overloaded_error&) {
+      failed_at = loop.now();
+      left_waiting = per_host.waiters('a');
+    }
+  });
+  CHECK(failed_at == 0ms);
+  CHECK(left_waiting == 0);
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 0ms}});
+  CHECK(t.cancelled == 1);
+  CHECK(per_host.stats().acquired == 1);
+}
+
+TEST_CASE(
+    "return_exceptions by a keyed limit yields every outcome and frees a failed task's permit",
+    "[by_key][review]") {
+  // "aab", 2 at once, one permit per host: a0 and b start at 0, a0 fails at
+  // 13 ms, its permit goes to a1 at that instant; every outcome comes back.
+  for (bool gather : {false, true}) {
+    INFO((gather ? "gather_with_concurrency" : "map_unordered"));
+    virtual_loop loop;
+    trace t;
+    shared_hosts s{loop, t};
+    std::vector<job> in = jobs("aab", 100ms);
+    in[0].took = 13ms;
+    std::size_t values = 0, errors = 0;
+    auto count = [&](const sluice::outcome<int>& o) {
+      ++(o.has_value() ? values : errors);
+    };
+    loop.run([&]() -> asio::awaitable<void> {
+      if (gather) {
+        sluice_test::lazy_tasks<asio::awaitable<int>> tasks(
+            in.size(), [&](std::size_t i) { return s.task(in[i]); });
+        auto got = co_await sluice::gather_with_concurrency(
+            2, tasks, sluice::by_key([&](std::size_t i) { return in[i].key; }, s.hosts),
+            sluice::return_exceptions);
+        for (auto& o : got) count(o);
+      } else {
+        co_await sluice::for_each(
+            sluice::map_unordered([&](job j) { return s.task(j); }, in, 2,
+                                  sluice::by_key(key_of, s.hosts), sluice::return_exceptions),
+            [&](sluice::outcome<int> o) { count(o); });
+      }
+    });
+    CHECK(values == 2);
+    CHECK(errors == 1);
+    CHECK(s.unheld == 0);
+    CHECK(started(t, 1) == 13ms);
+    CHECK(started(t, 2) == 0ms);
+    CHECK(loop.now() == 113ms);
+    CHECK(s.hosts.keys() == 0);
+  }
 }
