@@ -169,26 +169,34 @@ asio::any_io_executor stats_executor(const Executor& ex) {
 // of the context it was last used from, or the steady clock. Unlike the rate
 // limiters' clock_source it never throws: a semaphore may serve one loop after
 // another, and only the durations that span the change are meaningless.
-// bind() looks the service up only when the context changes.
+// bind() looks the service up only when the context changes or its virtual
+// clock ended (a new loop at a dead one's address); the time is read through
+// virtual_now, so a permit released after its loop died reads nothing freed.
 class stats_clock {
  public:
   void bind(const asio::any_io_executor& ex) {
     if (!ex) return;
     auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
-    if (&ctx == ctx_) return;
+    if (&ctx == ctx_ && (vnow_ == nullptr || !vnow_->ended())) return;
     ctx_ = &ctx;
     vclock_ = find_virtual_clock(ctx);
+    vnow_ = vclock_ != nullptr ? vclock_->shared_now() : nullptr;
   }
-  [[nodiscard]] bool bound() const noexcept { return ctx_ != nullptr; }
+  // Bound, and not to a virtual clock that has ended.
+  [[nodiscard]] bool bound() const noexcept {
+    return ctx_ != nullptr && (vnow_ == nullptr || !vnow_->ended());
+  }
   [[nodiscard]] bool is_virtual() const noexcept { return vclock_ != nullptr; }
+  // The clock just bound (valid until its context ends).
   [[nodiscard]] virtual_clock_service* virtual_clock() const noexcept { return vclock_; }
   [[nodiscard]] clock::time_point now() const noexcept {
-    return vclock_ != nullptr ? vclock_->now() : clock::now();
+    return vnow_ != nullptr ? vnow_->now() : clock::now();
   }
 
  private:
-  asio::execution_context* ctx_ = nullptr;  // a cache key, never dereferenced
-  virtual_clock_service* vclock_ = nullptr;
+  asio::execution_context* ctx_ = nullptr;   // a cache key, never dereferenced
+  virtual_clock_service* vclock_ = nullptr;  // dereferenced by no one once vnow_ ended
+  std::shared_ptr<const virtual_now> vnow_;
 };
 
 // A grant to a coroutine that may still be cancelled before it resumes:
@@ -291,7 +299,8 @@ void settle_grant(Sink& sink, const pending_grant& g) noexcept {
 // The same for shared_semaphore, whose grants, waits and permit releases
 // happen on any thread: relaxed atomic counters, the buckets allocated once
 // (the first to allocate wins), and a clock bound once: from the executor it
-// was built with, else from the first waiter's or permit holder's. read() is
+// was built with, else from the first waiter's or permit holder's (again
+// once a virtual clock's context ended: a virtual loop per batch). read() is
 // a snapshot: each counter is exact, but other threads may move between them.
 class shared_stats_sink {
  public:
@@ -305,17 +314,26 @@ class shared_stats_sink {
   std::atomic<std::uint64_t> shed{0};
 
   void bind(const asio::any_io_executor& ex) {
-    if (bound_.load(std::memory_order_acquire) || !ex) return;
+    if (!ex || bound()) return;
     auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
     virtual_clock_service* v = find_virtual_clock(ctx);
     std::lock_guard<std::mutex> lock(mu_);
-    if (bound_.load(std::memory_order_relaxed)) return;
-    vclock_ = v;
-    bound_.store(true, std::memory_order_release);
+    if (bound_locked()) return;
+    vnow_ = v != nullptr ? v->shared_now() : nullptr;
+    mode_.store(v != nullptr ? on_virtual : on_steady, std::memory_order_release);
   }
-  [[nodiscard]] bool bound() const noexcept { return bound_.load(std::memory_order_acquire); }
+  // Bound to the steady clock, or to a virtual clock whose context lives.
+  [[nodiscard]] bool bound() const noexcept {
+    const int m = mode_.load(std::memory_order_acquire);
+    if (m != on_virtual) return m == on_steady;
+    std::lock_guard<std::mutex> lock(mu_);
+    return bound_locked();  // rebound meanwhile, perhaps
+  }
   [[nodiscard]] clock::time_point now() const noexcept {
-    if (bound_.load(std::memory_order_acquire) && vclock_ != nullptr) return vclock_->now();
+    if (mode_.load(std::memory_order_acquire) == on_virtual) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (vnow_ != nullptr) return vnow_->now();  // ended: the time it ended at
+    }
     return clock::now();
   }
 
@@ -327,7 +345,7 @@ class shared_stats_sink {
   }
   // As stats_sink's; the sample is counted per thread (no shared counter).
   [[nodiscard]] clock::time_point hold_start() noexcept {
-    if (!(bound_.load(std::memory_order_acquire) && vclock_ != nullptr)) {
+    if (mode_.load(std::memory_order_acquire) != on_virtual) {
       thread_local std::uint32_t tick = 0;
       if (tick++ % hold_sample_every != 0) return untimed;
     }
@@ -375,10 +393,14 @@ class shared_stats_sink {
     delete made;
     return t;
   }
+  static constexpr int unbound = 0, on_steady = 1, on_virtual = 2;
+  bool bound_locked() const noexcept {
+    return vnow_ != nullptr ? !vnow_->ended() : mode_ == on_steady;
+  }
   std::atomic<timing*> timing_{nullptr};
-  std::atomic<bool> bound_{false};
-  virtual_clock_service* vclock_ = nullptr;  // written once, before bound_
-  std::mutex mu_;
+  std::atomic<int> mode_{unbound};           // changes only under mu_
+  std::shared_ptr<const virtual_now> vnow_;  // under mu_
+  mutable std::mutex mu_;
 };
 
 }  // namespace sluice::detail
