@@ -952,6 +952,22 @@ TEST_CASE("a fan-out by a keyed limit cancelled at any point leaves no permit, s
     }
 }
 
+TEST_CASE("by_key with a keyed limit rejects buffer 0 and limit 0 before anything starts",
+          "[by_key]") {
+  sluice::keyed_semaphore<char> hosts{1};
+  const std::vector<job> in = jobs("ab", 100ms);
+  auto fn = [](job) -> asio::awaitable<int> {
+    co_return 0;
+  };
+  CHECK_THROWS_AS(sluice::by_key(key_of, hosts, {.buffer = 0}), std::invalid_argument);
+  CHECK_THROWS_AS(sluice::map_unordered(fn, in, 0, sluice::by_key(key_of, hosts)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      char_group::run(0, hosts, [](char_group&) -> asio::awaitable<void> { co_return; }),
+      std::invalid_argument);
+  CHECK(hosts.keys() == 0);
+}
+
 TEST_CASE("a fan-out by a keyed limit whose caller was cancelled before it called takes nothing",
           "[by_key]") {
   trace t;
