@@ -29,6 +29,7 @@
 #include <support/asio.hpp>
 
 #include <catch2/catch.hpp>
+#include <support/peak.hpp>
 #include <support/spawned.hpp>
 
 #include <algorithm>
@@ -536,12 +537,6 @@ TEST_CASE("a caller cancelled before it calls takes nothing from budgets of any 
 
 namespace {
 
-void raise_to(std::atomic<int>& max, int v) {
-  int m = max.load();
-  while (v > m && !max.compare_exchange_weak(m, v)) {
-  }
-}
-
 // What the server-shape sessions count outside the library.
 struct counts {
   std::atomic<int> in_cap{0}, in_pool{0}, max_cap{0}, max_pool{0}, done{0};
@@ -556,8 +551,8 @@ asio::awaitable<void> session(sluice::shared_semaphore& cap,
   for (int r = 0; r < rounds; ++r) {
     const bool with_pool = (s + r) % 2 == 0;
     auto body = [&](auto& held) -> asio::awaitable<void> {
-      raise_to(c.max_cap, ++c.in_cap);
-      if (with_pool) raise_to(c.max_pool, ++c.in_pool);
+      sluice_test::raise_peak(c.max_cap, ++c.in_cap);
+      if (with_pool) sluice_test::raise_peak(c.max_pool, ++c.in_pool);
       co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
       if (with_pool) --c.in_pool;
       --c.in_cap;
@@ -652,7 +647,7 @@ struct hold_count {
   void add(std::atomic<int>& c, std::atomic<int>& m) {
     in[n] = &c;
     max[n] = &m;
-    raise_to(m, ++c);
+    sluice_test::raise_peak(m, ++c);
     ++n;
   }
   ~hold_count() {

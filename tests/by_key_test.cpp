@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSL-1.0
 #include <sluice/by_key.hpp>
 #include <sluice/for_each.hpp>
+#include <sluice/gather.hpp>
+#include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/keyed_task_group.hpp>
 #include <sluice/testing/virtual_time.hpp>
@@ -14,6 +16,7 @@
 #include <catch2/catch.hpp>
 #include <support/lazy_tasks.hpp>
 #include <support/recorded_input.hpp>
+#include <support/spawned.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -708,4 +711,304 @@ TEST_CASE("an async source whose next() completes without suspending is pulled t
   CHECK(loop.now() == 200ms);
   CHECK(started(t, 2) == 0ms);    // b: beside the first a
   CHECK(started(t, 3) == 100ms);  // c: beside the second a
+}
+
+// ---- by_key with the caller's keyed_semaphore / keyed_rate_limiter --------
+
+namespace {
+
+// The tasks of a fan-out by a shared keyed_semaphore of one permit per host,
+// and another caller of the same semaphore: `unheld` counts tasks that
+// started without their host's permit in hand (a slot held by a task that
+// would wait for its host).
+struct shared_hosts {
+  shared_hosts(virtual_loop& l, trace& tr) : loop(l), t(tr) {}
+  virtual_loop& loop;
+  trace& t;
+  sluice::keyed_semaphore<char> hosts{1};
+  std::size_t unheld = 0;
+  std::map<char, bool> other_holds;
+  std::vector<nanoseconds> other_got;
+
+  asio::awaitable<int> task(job j) {
+    if (hosts.value(j.key) != 0 || t.running[j.key] != 0 || other_holds[j.key]) ++unheld;
+    co_return co_await work(loop, t, j);
+  }
+  // Another part of the service: asks for `key` after `after`, holds it for
+  // `hold`.
+  asio::awaitable<void> other(char key, nanoseconds after, nanoseconds hold) {
+    if (after != 0ms) co_await sluice::sleep(after);
+    auto p = co_await hosts.scoped_acquire(key);
+    other_got.push_back(loop.now());
+    other_holds[key] = true;
+    co_await sluice::sleep(hold);
+    other_holds[key] = false;
+  }
+  // The jobs of `keys` as children of a keyed task group limited by `hosts`.
+  asio::awaitable<void> group(std::string keys, std::size_t limit) {
+    co_await char_group::run(limit, hosts,
+                             [self = this, &keys](char_group& g) -> asio::awaitable<void> {
+                               for (auto& j : jobs(keys, 100ms)) g.spawn(j.key, self->child(j));
+                               co_return;
+                             });
+  }
+  asio::awaitable<void> child(job j) { co_await task(j); }
+  // The same through map_unordered by `hosts`.
+  asio::awaitable<void> map(std::string keys, std::size_t limit) {
+    co_await sluice::for_each(
+        sluice::map_unordered([self = this](job j) { return self->task(j); }, jobs(keys, 100ms),
+                              limit, sluice::by_key(key_of, hosts)),
+        [](int) {});
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "by_key with a shared keyed_semaphore gives a slot only to an input whose permit is in hand",
+    "[by_key]") {
+  // aaabbcd, 2 at once, a keyed_semaphore of 1 per host that another caller
+  // also uses: it holds a from 0 to 250 ms, asks again at 260 ms and holds it
+  // 50 ms. b, c, d run while a is held elsewhere, then nothing can start
+  // until 250 ms (both slots free, nobody holds one for a); a's permits go
+  // in FIFO order: ours at 250 (asked at 200), ours at 350 (asked at 250),
+  // the other caller's at 450 (asked at 260), ours at 500.
+  virtual_loop loop;
+  trace t;
+  shared_hosts s{loop, t};
+  SECTION("map_unordered") {
+    auto crawl = [&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(
+          sluice::map_unordered([&](job j) { return s.task(j); }, jobs("aaabbcd", 100ms), 2,
+                                sluice::by_key(key_of, s.hosts)),
+          [](int) {});
+    };
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::gather(s.other('a', 0ms, 250ms), s.other('a', 260ms, 50ms), crawl());
+    });
+  }
+  SECTION("keyed_task_group: the same schedule, children spawned at 0") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::gather(s.other('a', 0ms, 250ms), s.other('a', 260ms, 50ms),
+                              s.group("aaabbcd", 2));
+    });
+  }
+  CHECK(s.unheld == 0);
+  CHECK(started(t, 3) == 0ms);  // b
+  CHECK(started(t, 5) == 0ms);  // c
+  CHECK(started(t, 4) == 100ms);
+  CHECK(started(t, 6) == 100ms);
+  CHECK(started(t, 0) == 250ms);
+  CHECK(started(t, 1) == 350ms);
+  CHECK(started(t, 2) == 500ms);
+  CHECK(s.other_got == std::vector<nanoseconds>{0ms, 450ms});
+  CHECK(loop.now() == 600ms);
+  CHECK(t.max == 2);
+  CHECK(s.hosts.keys() == 0);
+}
+
+namespace {
+
+// Starts per key that fall in one window of `per` at most, over a trace.
+std::size_t most_starts_per_window(const trace& t, const std::vector<job>& in, nanoseconds per) {
+  std::size_t most = 0;
+  for (auto& [id, at] : t.starts) {
+    std::size_t n = 0;
+    for (auto& [id2, at2] : t.starts)
+      if (in[id2].key == in[id].key && at2 >= at && at2 < at + per) ++n;
+    most = std::max(most, n);
+  }
+  return most;
+}
+
+}  // namespace
+
+TEST_CASE("by_key with a keyed_rate_limiter takes each host's start when its task starts",
+          "[by_key]") {
+  // aaaaabb, 3 at once, 2 starts per host per second: two a's and b at 0,
+  // the second b at 100 ms (a's window is full: no slot waits for it), the
+  // next two a's when the window opens at 1 s, the last at 2 s.
+  const std::vector<job> in = jobs("aaaaabb", 100ms);
+  const std::vector<std::pair<int, nanoseconds>> expected{{0, 0ms}, {1, 0ms}, {5, 0ms}, {6, 100ms},
+                                                          {2, 1s},  {3, 1s},  {4, 2s}};
+  SECTION("map_unordered") {
+    virtual_loop loop;
+    trace t;
+    sluice::keyed_rate_limiter<char> per_host{loop.get_executor(), 2, 1s};
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(sluice::map_unordered([&](job j) { return work(loop, t, j); }, in,
+                                                      3, sluice::by_key(key_of, per_host)),
+                                [](int) {});
+    });
+    CHECK(t.starts == expected);
+    CHECK(most_starts_per_window(t, in, 1s) == 2);
+    CHECK(per_host.stats().acquired == 7);  // one start per task, none spent otherwise
+    CHECK(loop.now() == 2100ms);
+  }
+  SECTION("gather_with_concurrency: results in input order") {
+    virtual_loop loop;
+    trace t;
+    sluice::keyed_rate_limiter<char> per_host{loop.get_executor(), 2, 1s};
+    std::vector<int> got;
+    loop.run([&]() -> asio::awaitable<void> {
+      sluice_test::lazy_tasks<asio::awaitable<int>> tasks(
+          in.size(), [&](std::size_t i) { return work(loop, t, in[i]); });
+      got = co_await sluice::gather_with_concurrency(
+          3, tasks, sluice::by_key([&](std::size_t i) { return in[i].key; }, per_host));
+    });
+    CHECK(got == std::vector<int>{0, 1, 2, 3, 4, 5, 6});
+    CHECK(t.starts == expected);
+    CHECK(per_host.stats().acquired == 7);
+  }
+}
+
+TEST_CASE("by_key gives back a grant that came while the slot went to another key", "[by_key]") {
+  // abab, 2 at once, 1 start per host per second: a and b at 0; at 1 s both
+  // waits are granted at the same instant, a (older) takes the slot and b's
+  // start is given back, so the second slot takes b at 1 s, not at 2 s.
+  const std::vector<job> in = jobs("abab", 100ms);
+  virtual_loop loop;
+  trace t;
+  sluice::keyed_rate_limiter<char> per_host{loop.get_executor(), 1, 1s};
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(sluice::map_unordered([&](job j) { return work(loop, t, j); }, in, 2,
+                                                    sluice::by_key(key_of, per_host)),
+                              [](int) {});
+  });
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 0ms}, {1, 0ms}, {2, 1s}, {3, 1s}});
+  CHECK(per_host.stats().acquired == 4);
+  CHECK(loop.now() == 1100ms);
+}
+
+namespace {
+
+// Spawns `fan_out` and cancels it at `at` plus `turns` loop turns, then runs
+// the loop until everything is over; returns its task.
+template <class F>
+sluice_test::task& cancelled_at(sluice_test::tasks_on_loop& h, nanoseconds at, int turns,
+                                F fan_out) {
+  auto& fan = h.spawn(std::move(fan_out));
+  h.spawn([&fan, at, turns]() -> asio::awaitable<void> {
+    co_await sluice::sleep(at);
+    for (int i = 0; i < turns; ++i) co_await asio::post(asio::use_awaitable);
+    fan.cancel();
+  });
+  h.loop.run_for(10s);
+  return fan;
+}
+
+}  // namespace
+
+TEST_CASE("a fan-out by a keyed limit cancelled at any point leaves no permit, start or waiter",
+          "[by_key]") {
+  // Cancelled at every instant the schedule changes, after 0 to 5 more loop
+  // turns: while waiting for a host's permit, with permits in hand, between.
+  for (nanoseconds at : {0ms, 50ms, 100ms, 200ms, 250ms, 300ms, 350ms, 450ms, 500ms})
+    for (int turns = 0; turns <= 5; ++turns) {
+      INFO("cancelled at " << at.count() << " ns after " << turns << " turns");
+      for (bool group : {false, true}) {  // keyed_semaphore shared with another caller
+        INFO((group ? "keyed_task_group" : "map_unordered"));
+        trace t;
+        sluice_test::tasks_on_loop h;
+        shared_hosts s{h.loop, t};
+        h.spawn([&] { return s.other('a', 0ms, 250ms); });
+        nanoseconds ended{-1};
+        std::size_t left_waiting = 1;
+        auto& fan = cancelled_at(h, at, turns, [&]() -> asio::awaitable<void> {
+          try {
+            // (Named: g++ 12 may destroy a co_await operand's temporaries twice.)
+            auto run = group ? s.group("aaabbcd", 2) : s.map("aaabbcd", 2);
+            co_await std::move(run);
+          } catch (...) {
+            ended = h.loop.now();
+            left_waiting = s.hosts.stats().waiting;
+            throw;
+          }
+        });
+        // At once, and no wait of ours on the limit outlives the call.
+        CHECK(ended == at);
+        CHECK(left_waiting == 0);
+        CHECK(fan.done);
+        CHECK(s.unheld == 0);
+        CHECK(t.now == 0);
+        CHECK(s.hosts.keys() == 0);  // no key held or waited for
+        CHECK(s.hosts.stats().in_use == 0);
+      }
+      {  // keyed_rate_limiter: a start only for each task that ran
+        trace t;
+        sluice_test::tasks_on_loop h;
+        sluice::keyed_rate_limiter<char> per_host{h.loop.get_executor(), 1, 200ms};
+        auto& fan = cancelled_at(h, at, turns, [&]() -> asio::awaitable<void> {
+          co_await sluice::for_each(
+              sluice::map_unordered([&](job j) { return work(h.loop, t, j); }, jobs("ababab", 50ms),
+                                    2, sluice::by_key(key_of, per_host)),
+              [](int) {});
+        });
+        CHECK(fan.done);
+        CHECK(t.now == 0);
+        CHECK(per_host.stats().acquired == t.starts.size());
+        CHECK(per_host.waiters('a') + per_host.waiters('b') == 0);
+      }
+    }
+}
+
+TEST_CASE("by_key with a keyed limit rejects buffer 0 and limit 0 before anything starts",
+          "[by_key]") {
+  sluice::keyed_semaphore<char> hosts{1};
+  const std::vector<job> in = jobs("ab", 100ms);
+  auto fn = [](job) -> asio::awaitable<int> {
+    co_return 0;
+  };
+  CHECK_THROWS_AS(sluice::by_key(key_of, hosts, {.buffer = 0}), std::invalid_argument);
+  CHECK_THROWS_AS(sluice::map_unordered(fn, in, 0, sluice::by_key(key_of, hosts)),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      char_group::run(0, hosts, [](char_group&) -> asio::awaitable<void> { co_return; }),
+      std::invalid_argument);
+  CHECK(hosts.keys() == 0);
+}
+
+TEST_CASE("a fan-out by a keyed limit whose caller was cancelled before it called takes nothing",
+          "[by_key]") {
+  trace t;
+  sluice_test::tasks_on_loop h;
+  shared_hosts s{h.loop, t};
+  auto& fan = h.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    try {
+      co_await sluice::sleep(1h);  // cancelled here...
+    } catch (const sluice::system_error&) {
+    }
+    co_await sluice::for_each(  // ...then calls
+        sluice::map_unordered([&](job j) { return s.task(j); }, jobs("aab", 100ms), 2,
+                              sluice::by_key(key_of, s.hosts)),
+        [](int) {});
+  });
+  h.poll();
+  fan.cancel();
+  h.loop.run_for(1s);
+  CHECK(fan.cancelled());
+  CHECK(t.starts.empty());
+  CHECK(s.hosts.keys() == 0);
+  CHECK(s.hosts.stats().acquired == 0);
+}
+
+TEST_CASE("fail fast by a keyed limit releases the permits and withdraws the waits", "[by_key]") {
+  // aabbcc, 4 at once, 1 per host: a, b, c start at 0 and the fourth slot
+  // waits on a, b and c's permits; b fails at 13 ms.
+  virtual_loop loop;
+  trace t;
+  shared_hosts s{loop, t};
+  std::vector<job> in = jobs("aabbcc", 100ms);
+  in[2].took = 13ms;
+  CHECK_THROWS_WITH(loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::for_each(sluice::map_unordered([&](job j) { return s.task(j); }, in, 4,
+                                                    sluice::by_key(key_of, s.hosts)),
+                              [](int) {});
+  }),
+                    "job 2 failed");
+  CHECK(loop.now() == 13ms);
+  CHECK(t.cancelled == 2);
+  CHECK(s.hosts.keys() == 0);
+  CHECK(s.hosts.stats().in_use == 0);
 }

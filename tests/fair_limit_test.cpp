@@ -15,6 +15,7 @@
 
 #include <catch2/catch.hpp>
 #include <examples/support/fair_share_scenario.hpp>
+#include <support/peak.hpp>
 #include <support/spawned.hpp>
 
 #include <algorithm>
@@ -490,9 +491,7 @@ TEST_CASE("a fair limit works from any thread through strand_bound", "[fair_limi
           co_await rpm.acquire(i % 4, std::size_t{2});
           auto p = co_await sem.scoped_acquire(i % 4);
           const int now = ++in_use;
-          int m = most.load();
-          while (now > m && !most.compare_exchange_weak(m, now)) {
-          }
+          sluice_test::raise_peak(most, now);
           co_await asio::post(asio::use_awaitable);
           --in_use;
           ++done;

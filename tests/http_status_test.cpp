@@ -36,6 +36,17 @@ TEST_CASE("a shed is a 429 whose Retry-After is the suggested wait rounded up", 
   CHECK(refusal(sluice::overloaded_error(sluice::clock::duration::max())).status == 429);
 }
 
+TEST_CASE("a refusal built from any duration saturates instead of overflowing at the call",
+          "[http_status]") {
+  CHECK(sluice::overloaded_error(std::chrono::hours::max()).after ==
+        sluice::clock::duration::max());
+  CHECK(sluice::overloaded_error(std::chrono::duration<double>(1.5)).after == 1500ms);
+  CHECK(sluice::breaker_open_error(std::chrono::hours::max()).retry_in() ==
+        sluice::clock::duration::max());
+  CHECK(sluice::timeout_error(std::chrono::hours::max()).limit() == sluice::clock::duration::max());
+  CHECK(refusal(sluice::overloaded_error(std::chrono::hours::max())).status == 429);
+}
+
 TEST_CASE("an open breaker is a 503 until its next trial", "[http_status]") {
   const auto r = refusal(sluice::breaker_open_error(2100ms));
   CHECK(r.status == 503);

@@ -25,6 +25,7 @@
 #include <sluice/token_bucket.hpp>
 
 #include <support/asio.hpp>
+#include <support/peak.hpp>
 
 #include <examples/support/policy_scenarios.hpp>
 
@@ -948,6 +949,45 @@ TEST_CASE("linger: two joins waiting at once both complete when the last permit 
   CHECK(cap.value() == 1);
 }
 
+namespace {
+
+// A held permit whose move throws once `fail` is set: hold() then fails
+// before its timer coroutine exists.
+struct throwing_held {
+  bool* fail;
+  int* alive;
+  explicit throwing_held(bool* f, int* a) : fail(f), alive(a) { ++*alive; }
+  throwing_held(throwing_held&& o) : fail(o.fail), alive(o.alive) {
+    if (*fail) throw std::runtime_error("move");
+    ++*alive;
+  }
+  throwing_held& operator=(throwing_held&&) = delete;
+  ~throwing_held() { --*alive; }
+};
+
+}  // namespace
+
+TEST_CASE("linger: a hold that fails to start counts nothing, so a join does not hang",
+          "[policy][linger]") {
+  virtual_loop loop;
+  sluice::detail::linger_set set;
+  bool fail = false;
+  int alive = 0;
+  set.hold(loop.get_executor(), throwing_held(&fail, &alive), sluice::clock::time_point{} + 1s);
+  fail = true;
+  CHECK_THROWS_AS(
+      set.hold(loop.get_executor(), throwing_held(&fail, &alive), sluice::clock::time_point{} + 1s),
+      std::runtime_error);
+  CHECK(set.lingering() == 1);  // the first only
+  CHECK(alive == 1);
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await set.join(co_await asio::this_coro::executor);
+    CHECK(co_await vnow() == 1s);
+  });
+  CHECK(set.lingering() == 0);
+  CHECK(alive == 0);
+}
+
 TEST_CASE("linger on shed: a cancelled caller's permit stays for the linger, join awaits it",
           "[policy][linger][shed]") {
   sluice::semaphore cap{1};
@@ -1189,9 +1229,7 @@ TEST_CASE("one policy shared by sessions on strands of a 4-thread io_context",
       try {
         co_await p([&]() -> asio::awaitable<int> {
           const std::size_t n = in_flight.fetch_add(1) + 1;
-          std::size_t m = max_in_flight.load();
-          while (n > m && !max_in_flight.compare_exchange_weak(m, n)) {
-          }
+          sluice_test::raise_peak(max_in_flight, n);
           asio::steady_timer t(co_await asio::this_coro::executor, 100us);
           co_await t.async_wait(asio::use_awaitable);
           in_flight.fetch_sub(1);

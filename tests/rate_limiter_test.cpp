@@ -413,6 +413,28 @@ TEST_CASE("a rate_limiter serves one io_context after another", "[rate_limiter][
   CHECK(rpm.waiters() == 0);
 }
 
+TEST_CASE("a rate_limiter bound to a virtual loop refuses the next one, even at its address",
+          "[rate_limiter][lifetime]") {
+  // Its recorded starts are on the first loop's clock: a second virtual loop
+  // is a logic_error, never a read of the dead loop's clock (ASan:
+  // heap-use-after-free before the fix, the second loop at the same address).
+  sluice::rate_limiter rl{1, 30s};
+  for (int batch = 0; batch < 2; ++batch) {
+    virtual_loop loop;
+    auto twice = [&]() -> asio::awaitable<void> {
+      co_await rl.acquire();
+      co_await rl.acquire();
+    };
+    if (batch == 0) {
+      loop.run(twice);
+      CHECK(loop.now() == 30s);
+    } else {
+      CHECK_THROWS_AS(loop.run(twice), std::logic_error);
+    }
+  }
+  CHECK(rl.waiters() == 0);
+}
+
 TEST_CASE("a rate_limiter declared before its io_context is destroyed after it cleanly",
           "[rate_limiter][lifetime]") {
   sluice::rate_limiter rl{1, 20ms};

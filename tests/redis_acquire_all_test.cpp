@@ -7,6 +7,7 @@
 #include <sluice/redis/semaphore.hpp>
 
 #include <support/asio.hpp>
+#include <support/peak.hpp>
 #include <support/redis_cluster.hpp>
 #include <support/redis_run.hpp>
 #include <support/redis_server.hpp>
@@ -432,9 +433,7 @@ TEST_CASE(
                 grants.emplace_back(std::chrono::steady_clock::now(), tokens);
               }
               const int now = ++in_flight;
-              int seen = peak.load();
-              while (now > seen && !peak.compare_exchange_weak(seen, now)) {
-              }
+              sluice_test::raise_peak(peak, now);
               co_await sleep_ms(20 + (c * 11 + i * 5) % 30);
               --in_flight;
             }

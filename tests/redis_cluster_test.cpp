@@ -7,6 +7,7 @@
 #include <sluice/redis/semaphore.hpp>
 
 #include <support/asio.hpp>
+#include <support/peak.hpp>
 #include <support/redis_cluster.hpp>
 #include <support/redis_run.hpp>
 #include <support/redis_server.hpp>
@@ -392,9 +393,7 @@ int fleet_child(int port, const std::string& shm_path, long ms) {
             try {
               auto permit = co_await sems[i]->scoped_acquire();
               const long long in = ++shm->inflight[i];
-              long long peak = shm->peak[i].load();
-              while (in > peak && !shm->peak[i].compare_exchange_weak(peak, in)) {
-              }
+              sluice_test::raise_peak(shm->peak[i], in);
               ++shm->grants[i];
               const long long m = shm->migrated.load();
               if (m != 0 && now_ns() > m) {

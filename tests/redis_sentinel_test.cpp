@@ -9,6 +9,7 @@
 #include <sluice/redis/semaphore.hpp>
 
 #include <support/asio.hpp>
+#include <support/peak.hpp>
 #include <support/redis_run.hpp>
 #include <support/redis_sentinel.hpp>
 #include <support/redis_server.hpp>
@@ -128,9 +129,7 @@ const sluice_test::register_child sentinel_worker{
                     const int idx = log->count.fetch_add(1);
                     shared_log::entry* e = &log->e[idx % shared_log::capacity];
                     const int now = log->in_flight[k].fetch_add(1) + 1;
-                    int seen = log->peak[k].load();
-                    while (now > seen && !log->peak[k].compare_exchange_weak(seen, now)) {
-                    }
+                    sluice_test::raise_peak(log->peak[k], now);
                     e->sem = k;
                     e->token = token;
                     e->process = process;

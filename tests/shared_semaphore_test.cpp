@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
 #include <support/lifetime.hpp>
+#include <support/peak.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -24,12 +25,6 @@
 using namespace std::chrono_literals;
 
 namespace {
-
-void raise_to(std::atomic<int>& max, int v) {
-  int m = max.load();
-  while (v > m && !max.compare_exchange_weak(m, v)) {
-  }
-}
 
 // N io_contexts, each run by a thread of its own.
 struct loops {
@@ -85,7 +80,7 @@ TEST_CASE("8 threads x 1000 coroutines never hold more than 5 permits and all fi
             const auto self = std::this_thread::get_id();
             auto permit = co_await sem.scoped_acquire();
             if (std::this_thread::get_id() != self) ++wrong_thread;
-            raise_to(max_holders, ++holders);
+            sluice_test::raise_peak(max_holders, ++holders);
             co_await asio::post(asio::use_awaitable);  // hold it across a suspension
             --holders;
             permit.reset();
@@ -113,7 +108,7 @@ TEST_CASE("callbacks, coroutines and use_future share one cap across threads",
     for (int i = 0; i < 250; ++i) {
       sem.async_acquire(asio::bind_executor(ctx, [&](sluice::error_code ec) {
         if (ec) return;
-        raise_to(max_holders, ++holders);
+        sluice_test::raise_peak(max_holders, ++holders);
         --holders;
         sem.release();
         ++finished;
@@ -123,7 +118,7 @@ TEST_CASE("callbacks, coroutines and use_future share one cap across threads",
   l.start();
   for (int i = 0; i < 100; ++i) {  // a plain thread waits on futures meanwhile
     sem.async_acquire(asio::use_future).get();
-    raise_to(max_holders, ++holders);
+    sluice_test::raise_peak(max_holders, ++holders);
     --holders;
     sem.release();
     ++finished;
@@ -196,7 +191,7 @@ TEST_CASE(
               ++timed_out;
               co_return;
             }
-            raise_to(max_holders, ++holders);
+            sluice_test::raise_peak(max_holders, ++holders);
             co_await sluice::sleep(std::chrono::microseconds(20));
             --holders;
             sem.release();

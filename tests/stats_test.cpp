@@ -241,6 +241,40 @@ TEST_CASE("a shared_semaphore reports the same on a virtual loop", "[stats]") {
   CHECK(s.hold.p99 == 3s);
 }
 
+// A limit outlives the loops that use it (a virtual loop per batch, each at
+// the same address): its stats read each batch's clock, never a dead one's.
+template <class Sem>
+void three_batches_on_their_own_virtual_loops(Sem& sem) {
+  for (int batch = 0; batch < 3; ++batch) {
+    virtual_loop loop;
+    loop.run([&]() -> asio::awaitable<void> {
+      std::vector<asio::awaitable<void>> tasks;
+      tasks.push_back(hold_for(sem, 0s, 1s));
+      tasks.push_back(hold_for(sem, 0s, 2s));  // waits 1 s for the first
+      co_await sluice::gather(std::move(tasks));
+    });
+  }
+  const auto s = sem.stats();
+  CHECK(s.acquired == 6);
+  CHECK(s.wait.count == 6);
+  CHECK(s.wait.total == 3s);
+  CHECK(s.wait.max == 1s);
+  CHECK(s.hold.count == 6);
+  CHECK(s.hold.total == 9s);
+  CHECK(s.hold.max == 2s);
+}
+
+TEST_CASE("a shared_semaphore's stats follow a new virtual loop after the last one died",
+          "[stats]") {
+  sluice::shared_semaphore sem{1};
+  three_batches_on_their_own_virtual_loops(sem);
+}
+
+TEST_CASE("a semaphore's stats follow a new virtual loop at the address of a dead one", "[stats]") {
+  sluice::semaphore sem{1};
+  three_batches_on_their_own_virtual_loops(sem);
+}
+
 TEST_CASE("a shared_semaphore counts permits released on other threads", "[stats]") {
   sluice::shared_semaphore sem{4};
   asio::thread_pool pool{2};

@@ -15,6 +15,7 @@
 
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
+#include <support/peak.hpp>
 
 #include <algorithm>
 #include <array>
@@ -35,12 +36,6 @@ using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 
 namespace {
-
-void raise_to(std::atomic<int>& max, int v) {
-  int m = max.load();
-  while (v > m && !max.compare_exchange_weak(m, v)) {
-  }
-}
 
 // The shape of a multi-threaded server: one io_context run by `threads`
 // threads; each session a coroutine on a strand of its own.
@@ -167,7 +162,7 @@ TEST_CASE("64 sessions on 4 threads share a rate limit, a per-user limit and sin
       }
       {
         auto permit = co_await per_user.scoped_acquire(user);
-        raise_to(most_per_user, ++in_flight[user]);
+        sluice_test::raise_peak(most_per_user, ++in_flight[user]);
         co_await pause(1ms);
         --in_flight[user];
       }
@@ -175,7 +170,7 @@ TEST_CASE("64 sessions on 4 threads share a rate limit, a per-user limit and sin
         const int id = next_execution++;
         execution_times[id].start = steady::now();
         ++executions[r];
-        raise_to(most_running_per_key, ++running[r]);
+        sluice_test::raise_peak(most_running_per_key, ++running[r]);
         co_await pause(20ms);
         --running[r];
         execution_times[id].end = steady::now();
@@ -243,7 +238,7 @@ TEST_CASE("1000 cancellations racing grants on other threads lose no permit", "[
           continue;
         }
         ++granted;
-        raise_to(most_holders, ++holders);
+        sluice_test::raise_peak(most_holders, ++holders);
         co_await pause(std::chrono::microseconds(hold_us(rng)));
         --holders;
         sem.release();
@@ -255,7 +250,7 @@ TEST_CASE("1000 cancellations racing grants on other threads lose no permit", "[
           continue;
         }
         ++granted;
-        raise_to(most_holders, ++holders);
+        sluice_test::raise_peak(most_holders, ++holders);
         co_await pause(std::chrono::microseconds(hold_us(rng)));
         --holders;
       } else {  // acquire(key) / release(key) racing a timeout
@@ -267,7 +262,7 @@ TEST_CASE("1000 cancellations racing grants on other threads lose no permit", "[
           continue;
         }
         ++granted;
-        raise_to(most_key_holders, ++key_holders[static_cast<std::size_t>(key)]);
+        sluice_test::raise_peak(most_key_holders, ++key_holders[static_cast<std::size_t>(key)]);
         co_await pause(std::chrono::microseconds(hold_us(rng)));
         --key_holders[static_cast<std::size_t>(key)];
         keyed.release(key);

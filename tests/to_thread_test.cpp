@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <support/ending.hpp>
 #include <support/lifetime.hpp>
+#include <support/peak.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -22,13 +23,6 @@
 using namespace std::chrono_literals;
 
 namespace {
-
-// Raises `max` to `v` if it is larger.
-void raise_to(std::atomic<int>& max, int v) {
-  int m = max.load();
-  while (v > m && !max.compare_exchange_weak(m, v)) {
-  }
-}
 
 // Blocks the calling (pool) thread until `go` is set.
 void wait_for(const std::atomic<bool>& go) {
@@ -134,7 +128,7 @@ TEST_CASE("1000 concurrent calls over a 4-thread pool all complete, at most 4 at
         std::vector<asio::awaitable<int>> calls;
         for (int i = 0; i < 1000; ++i) {
           calls.push_back(sluice::to_thread(pool.get_executor(), [&, i] {
-            raise_to(max_in_fn, ++in_fn);
+            sluice_test::raise_peak(max_in_fn, ++in_fn);
             std::this_thread::sleep_for(20us);
             --in_fn;
             return i;
@@ -218,7 +212,7 @@ TEST_CASE("task_group children hand blocking work to a pool and all finish befor
   bool all_on_loop = true;
   auto child = [&](int) -> asio::awaitable<void> {
     co_await sluice::to_thread(pool.get_executor(), [&] {
-      raise_to(max_in_fn, ++in_fn);
+      sluice_test::raise_peak(max_in_fn, ++in_fn);
       std::this_thread::sleep_for(200us);
       --in_fn;
       ++done;

@@ -45,8 +45,8 @@ enum class breaker_state {
 class breaker_open_error : public std::runtime_error {
  public:
   /// `retry_in`: time until the breaker lets a trial call through (zero while
-  /// the trial calls of the half-open state run).
-  explicit breaker_open_error(clock::duration retry_in)
+  /// the trial calls of the half-open state run); any duration, saturated.
+  explicit breaker_open_error(saturating_duration retry_in)
       : std::runtime_error(
             detail::seconds_message("sluice: circuit breaker open; next trial in", retry_in)),
         retry_in_(retry_in) {}

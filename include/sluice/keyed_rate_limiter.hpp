@@ -15,11 +15,17 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <system_error>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
 namespace sluice {
+
+namespace detail {
+struct keyed_limit_access;  // sluice::by_key's way in (detail/keyed_limit.hpp)
+}  // namespace detail
 
 /// One `sluice::rate_limiter{calls, per}` per key ("5 requests per second per
 /// customer"), created on first use and freed when idle.
@@ -145,6 +151,7 @@ class keyed_rate_limiter {
   }
 
  private:
+  friend struct detail::keyed_limit_access;
   static constexpr const char* name = "sluice::keyed_rate_limiter";
   using core_type = detail::rate_core<detail::sliding_window>;
 
@@ -168,7 +175,29 @@ class keyed_rate_limiter {
     clock_.bind(ex_, name);
   }
 
-  asio::awaitable<void> acquire_impl(Key key, std::size_t n) {
+  // For by_key: one start of `key` as acquire(key) takes it, returning the
+  // grant's key for give_back_start.
+  asio::awaitable<clock::time_point> acquire_start(Key key) {
+    return acquire_impl<true>(std::move(key), 1);
+  }
+  // For by_key: try_acquire(key), returning the grant's key if it took one.
+  std::optional<clock::time_point> try_start(const Key& key) {
+    if (!try_acquire(key)) return std::nullopt;
+    return clock_.now();  // a sliding window's grant key: the start's instant
+  }
+  // For by_key: forgets the start that acquire_start returned `at` for (its
+  // task never started). Nothing if the start has left the window.
+  void give_back_start(const Key& key, clock::time_point at) {
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return;
+    it->second.core.ungrant();
+    it->second.core.give_back(1, at);
+    settle(it->second, clock_.now());
+  }
+
+  template <bool Granted = false>
+  asio::awaitable<std::conditional_t<Granted, clock::time_point, void>> acquire_impl(
+      Key key, std::size_t n) {
     const asio::any_io_executor ex = co_await asio::this_coro::executor;
     clock_.bind(ex, name);
     sweep(clock_.now());
@@ -176,8 +205,13 @@ class keyed_rate_limiter {
     ++e.users;
     const std::shared_ptr<bool> alive = alive_;
     std::exception_ptr error;
+    [[maybe_unused]] clock::time_point at{};
     try {
-      co_await e.core.acquire(n);
+      if constexpr (Granted) {
+        at = co_await e.core.acquire_granted(n);
+      } else {
+        co_await e.core.acquire(n);
+      }
     } catch (...) {
       error = std::current_exception();
     }
@@ -186,6 +220,7 @@ class keyed_rate_limiter {
       settle(e, clock_.now());
     }
     if (error) std::rethrow_exception(error);
+    if constexpr (Granted) co_return at;
   }
 
   entry& find_or_add(const Key& key) {

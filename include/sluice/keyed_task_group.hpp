@@ -4,7 +4,9 @@
 
 #include <sluice/by_key_options.hpp>
 #include <sluice/config.hpp>
+#include <sluice/detail/key_asks.hpp>
 #include <sluice/detail/key_queues.hpp>
+#include <sluice/detail/keyed_limit.hpp>
 #include <sluice/detail/producer_queue.hpp>
 #include <sluice/task_group.hpp>
 
@@ -15,6 +17,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 #include <type_traits>
@@ -62,8 +65,11 @@ concept keyed_task_group_body = std::invocable < F&,
 ///   destroyed unstarted, and producers still waiting in `spawn_when_ready`
 ///   resume with false, at the latest when `run` ends (the body and the
 ///   children, the usual producers, are cancelled at once anyway).
-/// - Not offered (yet): `task_group`'s `stop_source` and `progress` overloads,
-///   and a per-key limit given as a `keyed_semaphore` shared with other code.
+/// - The per-key limit may be a `keyed_semaphore<Key>` or
+///   `keyed_rate_limiter<Key>` the caller owns and shares with other code:
+///   `run(limit, keyed, body, o)`, as `sluice::by_key(key, limit)` does for
+///   `map_unordered`.
+/// - Not offered (yet): `task_group`'s `stop_source` and `progress` overloads.
 ///
 /// Lifetimes: as `task_group`'s (the body object and the caller's frame
 /// outlive every child; the body coroutine's own locals do not). Loop-affine:
@@ -94,6 +100,40 @@ class keyed_task_group {
       throw std::invalid_argument(
           "sluice::keyed_task_group::run: limit, per_key and buffer must be at least 1");
     return run_impl(limit, per_key, std::move(body), o);
+  }
+
+  /// As above, each key limited by `keyed`, a `keyed_semaphore<Key>` or
+  /// `keyed_rate_limiter<Key>` the caller owns (used by reference: it must
+  /// outlive `run`): a child takes a slot only once its key's grant is in
+  /// hand, a permit held for exactly its run or a rate start spent as it
+  /// starts; the others wait outside the slots, per key in spawn order.
+  /// While children wait and a slot is free, one slot is kept by the group
+  /// to ask the limit for every waiting key (`try_acquire` first, then one
+  /// wait per key); the first grant starts its child in that slot and the
+  /// other waits are withdrawn (grants that came with them given back), so
+  /// no grant is kept without its running child. An error of the limit's
+  /// wait (its shed bound) fails the group. Cancellation and failure
+  /// withdraw every wait and await it before `run` returns: nothing is left
+  /// on the limit. Throws `std::invalid_argument` at once when `limit` or
+  /// `o.buffer` is 0.
+  ///
+  /// @code
+  /// sluice::keyed_semaphore<std::string> per_host{2};   // shared with the rest of the service
+  /// co_await sluice::keyed_task_group<std::string>::run(
+  ///     8, per_host, [&](sluice::keyed_task_group<std::string>& g) -> asio::awaitable<void> {
+  ///       for (auto& url : urls) g.spawn(host_of(url), fetch(url));
+  ///       co_return;
+  ///     });
+  /// @endcode
+  template <class Limit, keyed_task_group_body<Key, Hash> Body>
+  requires detail::keyed_limit_traits<Limit>::valid &&
+      std::same_as<typename detail::keyed_limit_traits<Limit>::key_type, Key>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
+                                                 by_key_options o = {}) {
+    if (limit == 0 || o.buffer == 0)
+      throw std::invalid_argument(
+          "sluice::keyed_task_group::run: limit and buffer must be at least 1");
+    return run_limited(limit, keyed, std::move(body), o);
   }
 
   /// Queues `child` under `key`; it starts once its key has room and a slot
@@ -155,6 +195,10 @@ class keyed_task_group {
   static asio::awaitable<void> run_impl(std::size_t limit, std::size_t per_key, Body body,
                                         by_key_options o) {
     keyed_task_group self(tag{}, per_key, o);  // outlives every child: run awaits them
+    co_await run_impl(limit, std::move(body), self);
+  }
+  template <class Body>
+  static asio::awaitable<void> run_impl(std::size_t limit, Body body, keyed_task_group& self) {
     struct on_exit {
       keyed_task_group& self;
       ~on_exit() { self.producers_.refuse_all(); }
@@ -165,6 +209,86 @@ class keyed_task_group {
     });
   }
 
+  // The waits on a keyed limit the caller owns (run(limit, keyed, ...)),
+  // type-erased so that the group's type does not name the limit.
+  struct gate {
+    virtual ~gate() = default;
+    // A waiting child whose grant is in hand or free, wrapped to hold it.
+    virtual std::optional<asio::awaitable<void>> take() = 0;
+    virtual void ask(const asio::any_io_executor& ex) = 0;
+    virtual void withdraw() = 0;
+    virtual asio::awaitable<void> join(asio::any_io_executor ex) = 0;
+  };
+  template <class Limit>
+  struct gate_for final : gate {
+    using asks = detail::key_asks<state, Limit>;
+    gate_for(keyed_task_group& g, Limit& l)
+        : a(std::make_shared<asks>(g.keys_, l, [&g](std::exception_ptr e) {
+            if (e && !g.wait_error_) g.wait_error_ = std::move(e);
+            g.keys_->wake();
+          })) {}
+    std::optional<asio::awaitable<void>> take() override {
+      auto t = a->take();
+      if (!t) return std::nullopt;
+      return holding(std::move(t->first), std::move(t->second));
+    }
+    void ask(const asio::any_io_executor& ex) override { a->ask_ready(ex); }
+    void withdraw() override { a->withdraw(); }
+    asio::awaitable<void> join(asio::any_io_executor ex) override { return a->join(ex); }
+    // The child, holding its grant for its run (a rate start is spent now).
+    static asio::awaitable<void> holding(typename asks::grant g, asio::awaitable<void> child) {
+      if constexpr (requires { g.spend(); }) g.spend();
+      co_await std::move(child);
+    }
+    std::shared_ptr<asks> a;
+  };
+
+  template <class Limit, class Body>
+  static asio::awaitable<void> run_limited(std::size_t limit, Limit& keyed, Body body,
+                                           by_key_options o) {
+    keyed_task_group self(tag{}, static_cast<std::size_t>(-1), o);  // the limit bounds each key
+    self.ex_ = co_await asio::this_coro::executor;
+    self.gate_ = std::make_unique<gate_for<Limit>>(self, keyed);
+    std::exception_ptr error;
+    try {
+      co_await run_impl(limit, std::move(body), self);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    // Every wait on the limit ends before run does, even for a cancelled caller.
+    const bool was = co_await asio::this_coro::throw_if_cancelled();
+    co_await asio::this_coro::throw_if_cancelled(false);
+    co_await self.gate_->join(self.ex_);
+    co_await asio::this_coro::throw_if_cancelled(was);
+    if (error) std::rethrow_exception(error);
+  }
+
+  // With a gate: the child that keeps a free slot while children wait for
+  // their key's grant. It asks the limit and parks until a wait ends or a
+  // child is queued, then runs the first child granted in its own slot; it
+  // leaves when nothing waits any more or the group stops (withdrawing its
+  // waits either way).
+  static asio::awaitable<void> asker(keyed_task_group* self) {
+    std::optional<asio::awaitable<void>> child;
+    std::exception_ptr error;
+    while (!self->g_->stopping() && self->keys_->buffered() != 0) {
+      if ((error = std::exchange(self->wait_error_, nullptr))) break;
+      if ((child = self->gate_->take())) break;
+      self->gate_->ask(self->ex_);
+      try {
+        co_await self->keys_->park(self->ex_);
+      } catch (const system_error&) {
+        break;  // cancelled: the group stops
+      }
+    }
+    self->asking_ = false;
+    self->gate_->withdraw();
+    if (error) std::rethrow_exception(error);  // the limit refused a wait: the group fails
+    if (!child) co_return;
+    self->pump(0);  // other free slots take what may start now
+    co_await run_child(self, ticket(), std::move(*child));
+  }
+
   // Moves the children that may start into the group: while it has a free
   // slot (counting `leaving`, the child calling from its end), the next
   // child whose key has room; then lets waiting producers into the freed
@@ -173,6 +297,7 @@ class keyed_task_group {
     if (g_->stopping()) {
       keys_->drop_queued();
       producers_.refuse_all();
+      if (asking_) keys_->wake();  // the asker leaves
       return;
     }
     for (;;) {
@@ -181,6 +306,21 @@ class keyed_task_group {
         keys_->push(std::move(key), std::move(child));
       }
       if (g_->size() - leaving >= g_->limit()) return;
+      if (gate_) {
+        if (asking_) {  // it holds a slot and tries again
+          keys_->wake();
+          return;
+        }
+        auto child = gate_->take();
+        if (!child) {
+          if (keys_->buffered() == 0) return;
+          asking_ = true;
+          g_->spawn(asker(this));
+          return;
+        }
+        g_->spawn(run_child(this, ticket(), std::move(*child)));
+        continue;
+      }
       auto next = keys_->take();
       if (!next) return;
       g_->spawn(run_child(this, std::move(next->first), std::move(next->second)));
@@ -205,7 +345,11 @@ class keyed_task_group {
   }
 
   task_group* g_ = nullptr;
-  std::shared_ptr<state> keys_;  // children waiting for their key; the keys' room
+  std::shared_ptr<state> keys_;    // children waiting for their key; the keys' room
+  std::unique_ptr<gate> gate_;     // with a keyed limit: its waits
+  asio::any_io_executor ex_;       // with a keyed limit: run's
+  bool asking_ = false;            // the asker runs
+  std::exception_ptr wait_error_;  // the limit refused a wait
   std::size_t buffer_;
   detail::producer_queue<std::pair<Key, asio::awaitable<void>>> producers_;
 };

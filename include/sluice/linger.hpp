@@ -31,14 +31,23 @@ namespace sluice::detail {
 // only while lingering > 0 and a join() waits.
 class linger_set {
  public:
-  // Holds `held` until `until` on `ex`'s clock, then destroys it.
+  // Holds `held` until `until` on `ex`'s clock, then destroys it. Counted
+  // before the spawn (whose body may end inside it); if making or spawning
+  // the timer coroutine throws (out of memory, a Held whose move throws),
+  // `held` is destroyed on the way out, the count goes back down (a join
+  // waiting for it completes) and the exception propagates.
   template <class Executor, class Held>
   void hold(const Executor& ex, Held held, clock::time_point until) {
     {
       std::lock_guard lock(s_->mutex);
       ++s_->lingering;
     }
-    asio::co_spawn(ex, wait(ex, std::move(held), until), done{s_});
+    try {
+      asio::co_spawn(ex, wait(ex, std::move(held), until), done{s_});
+    } catch (...) {
+      done{s_}(nullptr);
+      throw;
+    }
   }
 
   // Permits lingering now.

@@ -50,8 +50,10 @@ struct shed_options {
 /// it with HTTP 429 or 503 and `Retry-After: ceil(after)`.
 class overloaded_error : public std::runtime_error, public retry_after {
  public:
-  /// An overload; `after` is the suggested wait before trying again.
-  explicit overloaded_error(detail::clock::duration after, const char* why = "too many waiting")
+  /// An overload; `after` is the suggested wait before trying again (any
+  /// duration, saturated: `std::chrono::hours::max()` is
+  /// `clock::duration::max()`, never an overflow at the call).
+  explicit overloaded_error(detail::saturating_duration after, const char* why = "too many waiting")
       : std::runtime_error(std::string("sluice: overloaded: ") + why), retry_after{after} {}
 };
 

@@ -58,7 +58,9 @@ namespace sluice {
 ///   the steady clock otherwise. `try_acquire()` awaits nothing: on a limiter
 ///   built without an executor, a `try_acquire()` before any wait reads the
 ///   steady clock, and later use on a virtual loop throws `std::logic_error`;
-///   give the executor for virtual time.
+///   give the executor for virtual time. Bound to a virtual loop, it throws
+///   the same on any other one, also after the first was destroyed (its
+///   recorded starts are on the dead loop's clock): one limiter per loop.
 /// - Waiting uses one timer per limiter, armed for the instant the head waiter
 ///   can go; the timer is disarmed whenever nobody waits.
 /// - What resumes where: as `sluice::semaphore` (never inline; posted to the

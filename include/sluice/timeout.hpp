@@ -52,8 +52,9 @@ inline std::string seconds_message(const char* what, clock::duration d) {
 /// be told apart by type alone.
 class timeout_error : public std::runtime_error {
  public:
-  /// A timeout after `limit`; the message states it in seconds.
-  explicit timeout_error(clock::duration limit)
+  /// A timeout after `limit` (any duration, saturated); the message states it
+  /// in seconds.
+  explicit timeout_error(saturating_duration limit)
       : std::runtime_error(detail::seconds_message("sluice: timed out after", limit)),
         limit_(limit) {}
 

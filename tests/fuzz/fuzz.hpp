@@ -105,7 +105,16 @@ inline bool is_error(const std::exception_ptr& e, sluice::error_code code) {
   }
 }
 
-// Starts `body` as a coroutine whose cancellation slot is p's signal.
+// Starts `body` as a coroutine whose cancellation slot is p's signal. From
+// outside the loop co_spawn only posts its start: emit on p.signal only once
+// the body has begun (cancel_step's `started`). On Boost.Asio 1.81 (Asio
+// 1.26) a coroutine cancelled before its first step, which therefore ends
+// without a context switch, is not completed but thrown out of the loop:
+// co_spawn_entry_point (boost/asio/impl/co_spawn.hpp:161) co_awaits a post
+// outside its try, and the cancelled state makes that co_await throw
+// (impl/awaitable.hpp:175). Asio 1.22 posts the handler instead; later Asio
+// turns throw_if_cancelled off before that post (the 1.30.2 change log: "Fixed
+// co_spawn to correctly propagate exceptions resulting from cancellation").
 template <class Executor>
 void spawn(Executor ex, probe& p, asio::awaitable<void> body) {
   p.coro = true;

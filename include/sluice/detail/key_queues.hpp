@@ -50,10 +50,14 @@ class key_state : public std::enable_shared_from_this<key_state<U, Key, Hash>> {
   };
   using map_type = std::unordered_map<Key, entry, Hash>;
   using node = typename map_type::value_type;
+  using key_type = Key;
+  using value_type = U;
+  using hash_type = Hash;
 
   // Holds one unit of its key's room; gives it back when destroyed.
   class ticket {
    public:
+    ticket() noexcept = default;  // holds nothing
     ticket(std::shared_ptr<key_state> s, node* n) noexcept : s_(std::move(s)), n_(n) {}
     ticket(ticket&& o) noexcept : s_(std::move(o.s_)), n_(std::exchange(o.n_, nullptr)) {}
     ticket& operator=(ticket&& o) noexcept {
@@ -71,27 +75,42 @@ class key_state : public std::enable_shared_from_this<key_state<U, Key, Hash>> {
 
    private:
     std::shared_ptr<key_state> s_;
-    node* n_;
+    node* n_ = nullptr;
   };
 
   key_state(std::size_t per_key, std::size_t buffer, bool most_waiting = false)
       : per_key_(per_key), buffer_(buffer), most_waiting_(most_waiting) {}
 
-  // Queues `value` under `key` (the pull's result).
-  void push(Key key, U value) {
+  // Queues `value` under `key` (the pull's result); returns the key's node.
+  node* push(Key key, U value) {
     auto [it, made] = keys_.try_emplace(std::move(key));
     node* n = &*it;
     unready(n);
     n->second.queue.emplace_back(seq_++, std::move(value));
     ++buffered_;
     make_ready(n);
+    return n;
   }
 
   // The input that may start next (see ready_), with its ticket; empty if none.
   std::optional<std::pair<ticket, U>> take() {
     if (ready_.empty()) return std::nullopt;
-    node* n = std::get<2>(*ready_.begin());
-    ready_.erase(ready_.begin());
+    return take(std::get<2>(*ready_.begin()));
+  }
+
+  // The first key with room and a queued item, in take()'s order, for which
+  // pick(key) is true; null if none. (by_key with a keyed limit: pick asks
+  // the limit.)
+  template <class Pick>
+  node* find_ready(Pick&& pick) {
+    for (const auto& r : ready_)
+      if (pick(std::as_const(std::get<2>(r)->first))) return std::get<2>(r);
+    return nullptr;
+  }
+
+  // The oldest item of n's key, which find_ready() returned, with its ticket.
+  std::pair<ticket, U> take(node* n) {
+    ready_.erase(rank(n));
     entry& e = n->second;
     std::pair<ticket, U> out(ticket(this->shared_from_this(), n),
                              std::move(e.queue.front().second));

@@ -21,20 +21,25 @@ namespace sluice::detail {
 
 // Where a time-based limiter reads the time: the virtual clock of an execution
 // context, or the steady clock. Bound once, from the limiter's executor or
-// from the first waiter's; a later use on the other kind of clock is a
-// std::logic_error (the recorded times would not compare). Any number of
-// steady-clock contexts may follow each other: they share one clock.
+// from the first waiter's; a later use on the other kind of clock, or on a
+// virtual clock after the one it was bound to ended (a new virtual loop, even
+// at the dead one's address), is a std::logic_error (the recorded times would
+// not compare). Any number of steady-clock contexts may follow each other:
+// they share one clock. The time is read through virtual_now, never the
+// service: after its context ended, the time it ended at.
 class clock_source {
  public:
   void bind(const asio::any_io_executor& ex, const char* who) {
     if (!ex) return;
     auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
-    if (bound_ && &ctx == ctx_) return;  // the usual case: no service lookup
+    const bool ended = vnow_ != nullptr && vnow_->ended();
+    if (bound_ && &ctx == ctx_ && !ended) return;  // the usual case: no service lookup
     virtual_clock_service* v = find_virtual_clock(ctx);
     if (!bound_) {
       bound_ = true;
       vclock_ = v;
-    } else if (v != vclock_) {
+      vnow_ = v != nullptr ? v->shared_now() : nullptr;
+    } else if (v != vclock_ || ended) {
       throw std::logic_error(std::string(who) +
                              ": used on a different clock than before (virtual time after the "
                              "steady clock, or another virtual loop); construct it with the "
@@ -48,12 +53,16 @@ class clock_source {
     if (!bound_ && other.bound_) *this = other;
   }
   [[nodiscard]] bool bound() const noexcept { return bound_; }
+  // The clock bound (valid until its context ends; then bind() throws first).
   [[nodiscard]] virtual_clock_service* virtual_clock() const noexcept { return vclock_; }
-  [[nodiscard]] clock::time_point now() const { return vclock_ ? vclock_->now() : clock::now(); }
+  [[nodiscard]] clock::time_point now() const noexcept {
+    return vnow_ != nullptr ? vnow_->now() : clock::now();
+  }
 
  private:
   bool bound_ = false;
   virtual_clock_service* vclock_ = nullptr;
+  std::shared_ptr<const virtual_now> vnow_;
   asio::execution_context* ctx_ = nullptr;  // the context last seen (a cache, never dereferenced)
 };
 

@@ -2,149 +2,27 @@
 #ifndef SLUICE_DETAIL_STATS_RECORDER_HPP
 #define SLUICE_DETAIL_STATS_RECORDER_HPP
 
-// What the limits keep for stats(): fixed log buckets of durations
-// (duration_recorder) and the counters of one limit (stats_sink; for the
+// What the limits keep for stats(): the counters of one limit (stats_sink; for the
 // thread-safe shared_semaphore, shared_stats_sink). See sluice/stats.hpp for
 // what is reported.
 
 #include <sluice/config.hpp>
+#include <sluice/detail/duration_recorder.hpp>
 #include <sluice/detail/virtual_clock.hpp>
 #include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
 
-#include <algorithm>
-#include <array>
 #include <atomic>
-#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <type_traits>
 
 namespace sluice::detail {
-
-// Bucket i < 8 holds exactly i ns; above, the octave [2^e, 2^(e+1)) (e = 3..47)
-// is split into 8 buckets of width 2^(e-3); durations of 2^48 ns and more
-// count in the last bucket.
-inline constexpr std::size_t stats_buckets = 8 * 46;
-
-constexpr std::size_t stats_bucket(std::uint64_t ns) noexcept {
-  if (ns < 8) return static_cast<std::size_t>(ns);
-  const auto e = static_cast<unsigned>(std::bit_width(ns)) - 1;  // >= 3
-  if (e > 47) return stats_buckets - 1;
-  return 8 * (e - 2) + static_cast<std::size_t>((ns >> (e - 3)) & 7);
-}
-
-constexpr std::uint64_t stats_bucket_low(std::size_t i) noexcept {
-  if (i < 8) return i;
-  const auto e = static_cast<unsigned>(i / 8 + 2);
-  return static_cast<std::uint64_t>(8 + i % 8) << (e - 3);
-}
-
-// The largest duration bucket i holds.
-constexpr std::uint64_t stats_bucket_high(std::size_t i) noexcept {
-  return i + 1 < stats_buckets ? stats_bucket_low(i + 1) - 1
-                               : std::numeric_limits<std::uint64_t>::max();
-}
-
-static_assert(stats_bucket(7) == 7 && stats_bucket(8) == 8 && stats_bucket(15) == 15 &&
-              stats_bucket(16) == 16 && stats_bucket(17) == 16 && stats_bucket(18) == 17);
-static_assert(stats_bucket_low(stats_bucket(1'000'000'000)) <= 1'000'000'000 &&
-              stats_bucket_high(stats_bucket(1'000'000'000)) >= 1'000'000'000);
-static_assert(stats_bucket(std::uint64_t{1} << 48) == stats_buckets - 1 &&
-              stats_bucket((std::uint64_t{1} << 48) - 1) == stats_buckets - 1);
-
-// A counter that is a plain integer (loop-affine limits) or a relaxed atomic
-// (shared_semaphore, whose permits are released on any thread).
-inline void stats_add(std::uint64_t& c, std::uint64_t v) noexcept {
-  c += v;
-}
-inline void stats_add(std::atomic<std::uint64_t>& c, std::uint64_t v) noexcept {
-  c.fetch_add(v, std::memory_order_relaxed);
-}
-inline std::uint64_t stats_load(const std::uint64_t& c) noexcept {
-  return c;
-}
-inline std::uint64_t stats_load(const std::atomic<std::uint64_t>& c) noexcept {
-  return c.load(std::memory_order_relaxed);
-}
-inline void stats_lower(std::uint64_t& c, std::uint64_t v) noexcept {
-  c = std::min(c, v);
-}
-inline void stats_lower(std::atomic<std::uint64_t>& c, std::uint64_t v) noexcept {
-  auto cur = c.load(std::memory_order_relaxed);
-  while (v < cur && !c.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
-  }
-}
-inline void stats_raise(std::uint64_t& c, std::uint64_t v) noexcept {
-  c = std::max(c, v);
-}
-inline void stats_raise(std::atomic<std::uint64_t>& c, std::uint64_t v) noexcept {
-  auto cur = c.load(std::memory_order_relaxed);
-  while (v > cur && !c.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
-  }
-}
-
-// Durations in fixed log buckets: record() is O(1), read() O(buckets); neither
-// allocates.
-template <bool Atomic>
-class duration_recorder {
-  using counter = std::conditional_t<Atomic, std::atomic<std::uint64_t>, std::uint64_t>;
-
- public:
-  void record(clock::duration d) noexcept {
-    const auto ns = d.count() > 0 ? static_cast<std::uint64_t>(d.count()) : std::uint64_t{0};
-    stats_add(buckets_[stats_bucket(ns)], 1);
-    stats_add(total_, ns);
-    stats_lower(min_, ns);
-    stats_raise(max_, ns);
-    stats_add(count_, 1);
-  }
-
-  [[nodiscard]] std::uint64_t count() const noexcept { return stats_load(count_); }
-
-  // `zeros` more durations of 0 that were not recorded one by one (the grants
-  // that did not wait).
-  [[nodiscard]] duration_stats read(std::uint64_t zeros = 0) const noexcept {
-    duration_stats s;
-    const std::uint64_t recorded = stats_load(count_);
-    s.count = recorded + zeros;
-    if (s.count == 0) return s;
-    const std::uint64_t lo = zeros > 0 || recorded == 0 ? 0 : stats_load(min_);
-    const std::uint64_t hi = recorded == 0 ? 0 : stats_load(max_);
-    s.total = std::chrono::nanoseconds(static_cast<std::int64_t>(stats_load(total_)));
-    s.min = std::chrono::nanoseconds(static_cast<std::int64_t>(lo));
-    s.max = std::chrono::nanoseconds(static_cast<std::int64_t>(hi));
-    auto quantile = [&](std::uint64_t percent) {
-      const std::uint64_t rank = std::max<std::uint64_t>(1, (s.count * percent + 99) / 100);
-      std::uint64_t seen = zeros;
-      std::uint64_t v = hi;  // if a concurrent record() left the buckets short
-      for (std::size_t i = 0; i < stats_buckets; ++i) {
-        seen += stats_load(buckets_[i]);
-        if (seen >= rank) {
-          v = stats_bucket_high(i);
-          break;
-        }
-      }
-      return std::chrono::nanoseconds(static_cast<std::int64_t>(std::clamp(v, lo, hi)));
-    };
-    s.p50 = quantile(50);
-    s.p99 = quantile(99);
-    return s;
-  }
-
- private:
-  counter count_{0};
-  counter total_{0};
-  counter min_{std::numeric_limits<std::uint64_t>::max()};
-  counter max_{0};
-  std::array<counter, stats_buckets> buckets_{};
-};
 
 // On the steady clock, one permit in hold_sample_every has its hold timed
 // (two clock reads, about 20 ns each, would otherwise triple the cost of an
@@ -169,26 +47,34 @@ asio::any_io_executor stats_executor(const Executor& ex) {
 // of the context it was last used from, or the steady clock. Unlike the rate
 // limiters' clock_source it never throws: a semaphore may serve one loop after
 // another, and only the durations that span the change are meaningless.
-// bind() looks the service up only when the context changes.
+// bind() looks the service up only when the context changes or its virtual
+// clock ended (a new loop at a dead one's address); the time is read through
+// virtual_now, so a permit released after its loop died reads nothing freed.
 class stats_clock {
  public:
   void bind(const asio::any_io_executor& ex) {
     if (!ex) return;
     auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
-    if (&ctx == ctx_) return;
+    if (&ctx == ctx_ && (vnow_ == nullptr || !vnow_->ended())) return;
     ctx_ = &ctx;
     vclock_ = find_virtual_clock(ctx);
+    vnow_ = vclock_ != nullptr ? vclock_->shared_now() : nullptr;
   }
-  [[nodiscard]] bool bound() const noexcept { return ctx_ != nullptr; }
+  // Bound, and not to a virtual clock that has ended.
+  [[nodiscard]] bool bound() const noexcept {
+    return ctx_ != nullptr && (vnow_ == nullptr || !vnow_->ended());
+  }
   [[nodiscard]] bool is_virtual() const noexcept { return vclock_ != nullptr; }
+  // The clock just bound (valid until its context ends).
   [[nodiscard]] virtual_clock_service* virtual_clock() const noexcept { return vclock_; }
   [[nodiscard]] clock::time_point now() const noexcept {
-    return vclock_ != nullptr ? vclock_->now() : clock::now();
+    return vnow_ != nullptr ? vnow_->now() : clock::now();
   }
 
  private:
-  asio::execution_context* ctx_ = nullptr;  // a cache key, never dereferenced
-  virtual_clock_service* vclock_ = nullptr;
+  asio::execution_context* ctx_ = nullptr;   // a cache key, never dereferenced
+  virtual_clock_service* vclock_ = nullptr;  // dereferenced by no one once vnow_ ended
+  std::shared_ptr<const virtual_now> vnow_;
 };
 
 // A grant to a coroutine that may still be cancelled before it resumes:
@@ -291,7 +177,8 @@ void settle_grant(Sink& sink, const pending_grant& g) noexcept {
 // The same for shared_semaphore, whose grants, waits and permit releases
 // happen on any thread: relaxed atomic counters, the buckets allocated once
 // (the first to allocate wins), and a clock bound once: from the executor it
-// was built with, else from the first waiter's or permit holder's. read() is
+// was built with, else from the first waiter's or permit holder's (again
+// once a virtual clock's context ended: a virtual loop per batch). read() is
 // a snapshot: each counter is exact, but other threads may move between them.
 class shared_stats_sink {
  public:
@@ -305,17 +192,26 @@ class shared_stats_sink {
   std::atomic<std::uint64_t> shed{0};
 
   void bind(const asio::any_io_executor& ex) {
-    if (bound_.load(std::memory_order_acquire) || !ex) return;
+    if (!ex || bound()) return;
     auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
     virtual_clock_service* v = find_virtual_clock(ctx);
     std::lock_guard<std::mutex> lock(mu_);
-    if (bound_.load(std::memory_order_relaxed)) return;
-    vclock_ = v;
-    bound_.store(true, std::memory_order_release);
+    if (bound_locked()) return;
+    vnow_ = v != nullptr ? v->shared_now() : nullptr;
+    mode_.store(v != nullptr ? on_virtual : on_steady, std::memory_order_release);
   }
-  [[nodiscard]] bool bound() const noexcept { return bound_.load(std::memory_order_acquire); }
+  // Bound to the steady clock, or to a virtual clock whose context lives.
+  [[nodiscard]] bool bound() const noexcept {
+    const int m = mode_.load(std::memory_order_acquire);
+    if (m != on_virtual) return m == on_steady;
+    std::lock_guard<std::mutex> lock(mu_);
+    return bound_locked();  // rebound meanwhile, perhaps
+  }
   [[nodiscard]] clock::time_point now() const noexcept {
-    if (bound_.load(std::memory_order_acquire) && vclock_ != nullptr) return vclock_->now();
+    if (mode_.load(std::memory_order_acquire) == on_virtual) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (vnow_ != nullptr) return vnow_->now();  // ended: the time it ended at
+    }
     return clock::now();
   }
 
@@ -327,7 +223,7 @@ class shared_stats_sink {
   }
   // As stats_sink's; the sample is counted per thread (no shared counter).
   [[nodiscard]] clock::time_point hold_start() noexcept {
-    if (!(bound_.load(std::memory_order_acquire) && vclock_ != nullptr)) {
+    if (mode_.load(std::memory_order_acquire) != on_virtual) {
       thread_local std::uint32_t tick = 0;
       if (tick++ % hold_sample_every != 0) return untimed;
     }
@@ -375,10 +271,14 @@ class shared_stats_sink {
     delete made;
     return t;
   }
+  static constexpr int unbound = 0, on_steady = 1, on_virtual = 2;
+  bool bound_locked() const noexcept {
+    return vnow_ != nullptr ? !vnow_->ended() : mode_ == on_steady;
+  }
   std::atomic<timing*> timing_{nullptr};
-  std::atomic<bool> bound_{false};
-  virtual_clock_service* vclock_ = nullptr;  // written once, before bound_
-  std::mutex mu_;
+  std::atomic<int> mode_{unbound};           // changes only under mu_
+  std::shared_ptr<const virtual_now> vnow_;  // under mu_
+  mutable std::mutex mu_;
 };
 
 }  // namespace sluice::detail

@@ -6,8 +6,10 @@
 
 #include <sluice/detail/asio.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <ratio>
 #include <system_error>
 #include <type_traits>
@@ -81,11 +83,29 @@ struct virtual_timer_node {
   void (*fire)(virtual_timer_node*, bool invoke, error_code) = nullptr;
 };
 
+// The time of one virtual clock, in a block of its own shared with readers
+// that may outlive the context (a limit serving loop after loop): once the
+// context is destroyed they read the time it ended at and ended(), never the
+// freed service. Relaxed atomics: a limit shared between threads reads it
+// from any of them.
+class virtual_now {
+ public:
+  [[nodiscard]] clock::time_point now() const noexcept {
+    return value_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] bool ended() const noexcept { return ended_.load(std::memory_order_acquire); }
+
+ private:
+  friend class virtual_clock_service;
+  std::atomic<clock::time_point> value_{};
+  std::atomic<bool> ended_{false};
+};
+
 // Virtual time for one execution context. Installed by
 // sluice::testing::virtual_loop; every sluice wait on time asks the context for
 // this service and, if it is there, uses it instead of the steady clock.
 // Invariants: `heap_` is a binary min-heap on (deadline, seq); each node's
-// heap_index is its position; `now_` never decreases.
+// heap_index is its position; the time (`now_`) never decreases.
 class virtual_clock_service final : public asio::execution_context::service {
  public:
   using key_type = virtual_clock_service;
@@ -93,8 +113,11 @@ class virtual_clock_service final : public asio::execution_context::service {
 
   explicit virtual_clock_service(asio::execution_context& ctx)
       : asio::execution_context::service(ctx) {}
+  ~virtual_clock_service() override { now_->ended_.store(true, std::memory_order_release); }
 
-  clock::time_point now() const noexcept { return now_; }
+  clock::time_point now() const noexcept { return now_->now(); }
+  // The clock's time for a reader that may outlive the context (virtual_now).
+  [[nodiscard]] std::shared_ptr<const virtual_now> shared_now() const noexcept { return now_; }
   bool empty() const noexcept { return heap_.empty(); }
   std::size_t pending() const noexcept { return heap_.size(); }
   clock::time_point next_deadline() const noexcept { return heap_.front()->deadline; }
@@ -133,8 +156,8 @@ class virtual_clock_service final : public asio::execution_context::service {
   // deadline order (FIFO among equal deadlines), never one at the end of time
   // (see has_due). Fired timers post their handlers; nothing runs inline.
   void advance_to(clock::time_point t) {
-    if (t > now_) now_ = t;
-    while (has_due() && heap_.front()->deadline <= now_) {
+    if (t > now()) now_->value_.store(t, std::memory_order_relaxed);
+    while (has_due() && heap_.front()->deadline <= now()) {
       virtual_timer_node* n = heap_.front();
       cancel(n);
       n->fire(n, true, error_code{});
@@ -176,7 +199,7 @@ class virtual_clock_service final : public asio::execution_context::service {
     }
   }
 
-  clock::time_point now_{};
+  std::shared_ptr<virtual_now> now_ = std::make_shared<virtual_now>();
   std::uint64_t next_seq_ = 0;
   std::vector<virtual_timer_node*> heap_;
 };
