@@ -3,7 +3,8 @@
 """make compile-bench: what sluice costs at every compile, as ratios to Asio alone.
 
   python3 benchmarks/compile_bench.py [--compilers g++,clang++] [--opts=-O0,-O2]
-                                      [--rounds 3] [--include DIR] [--against DIR]
+                                      [--rounds 3] [--rows empty,fanout] [--tus ...]
+                                      [--include DIR] [--against DIR]
                                       [--json FILE] [--check]
 
 Compiles each translation unit of benchmarks/compile/ (`-c`, C++20, standalone
@@ -16,6 +17,11 @@ the ratio of each sluice TU to its Asio-only twin:
   sluice_fanout  10 tasks through gather_with_concurrency, a semaphore and
                  for_each(map_unordered), each from its own header,
                  against asio_fanout (the same 10 tasks awaited in a loop); target <= 1.5x
+
+--rows measures only the named rows (a row is a sluice TU and its Asio-only
+twin: `--rows fanout` compiles sluice_fanout and asio_fanout); --tus names TUs
+one by one. The default (every row, both compilers, both levels, 3 rounds) is
+48 compiles: about 5 minutes of CPU on an idle machine.
 
 The figure is CPU time (user + sys) of the compiler driver and its children
 (cc1plus, as), read with os.wait4, not wall time: the machine may be shared, and
@@ -62,6 +68,7 @@ def main():
     ap.add_argument("--compilers", default="g++,clang++")
     ap.add_argument("--opts", default="-O0,-O2")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rows", help="comma-separated rows: empty, fanout (default: every row)")
     ap.add_argument("--tus", help="comma-separated TU names (default: every pair)")
     ap.add_argument("--include", default=os.path.join(ROOT, "include"),
                     help="sluice's include directory (default: this tree's)")
@@ -72,7 +79,15 @@ def main():
 
     compilers = a.compilers.split(",")
     opts = a.opts.split(",")
-    tus = a.tus.split(",") if a.tus else [t for p in PAIRS for t in p[:2]]
+    if a.rows:
+        rows = a.rows.split(",")
+        unknown = [r for r in rows if "sluice_" + r not in [p[0] for p in PAIRS]]
+        if unknown:
+            sys.exit(f"unknown row(s) {unknown}: the rows are "
+                     + ", ".join(p[0][len("sluice_"):] for p in PAIRS))
+        tus = [t for p in PAIRS if p[0][len("sluice_"):] in rows for t in p[:2]]
+    else:
+        tus = a.tus.split(",") if a.tus else [t for p in PAIRS for t in p[:2]]
     includes = {t: a.include for t in tus}
     if a.against:
         for t in [t for t in tus if t.startswith("sluice_")]:

@@ -148,10 +148,9 @@ class semaphore {
   /// As `acquire()`, returning a `permit` that releases on destruction.
   template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
-    co_await core_.acquire();
-    if (!core_.clock_bound())
-      co_return permit(*this, core_.hold_start(co_await asio::this_coro::executor));
-    co_return permit(*this, core_.hold_start());
+    return core_.acquire_held(
+        [this] { core_.release(""); },
+        [this](detail::clock::time_point since) { return permit(*this, since); });
   }
 
   /// Takes a permit if one is free and nobody waits; never suspends.
@@ -185,8 +184,12 @@ class semaphore {
  protected:
   /// For `bounded_semaphore`: `name` appears in diagnostics; `bounded` makes
   /// a release above `initial` throw; `shed` bounds the waiters.
+  semaphore(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex)
+      : core_(name, initial, bounded, std::move(ex)) {}
+  /// As above, with a shedding bound (a constructor of its own: only a TU
+  /// that passes `shed_options` compiles the bound's timer).
   semaphore(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex,
-            const shed_options& shed = {})
+            const shed_options& shed)
       : core_(name, initial, bounded, std::move(ex), shed) {}
 
  private:

@@ -157,7 +157,7 @@ class stream {
   /// Lifetimes: the call keeps the stream's state alive by itself; one made
   /// before the stream was destroyed and awaited after yields nothing.
   [[nodiscard]] asio::awaitable<std::optional<T>, Executor> next() {
-    if (!core_) return empty_next();
+    // Without a core (moved from): a call that yields nothing.
     return core_type::next(typename core_type::next_ref(core_.get()));
   }
 
@@ -176,9 +176,8 @@ class stream {
   /// on, Asio throws at the `co_await` before anything can wait: the tasks are
   /// cancelled but not awaited. `sluice::for_each` turns it off for you.)
   [[nodiscard]] asio::awaitable<void, Executor> close() {
-    if (!core_) return empty_close();
-    core_->abandon();
-    return core_type::close(core_);
+    if (core_) core_->abandon();
+    return core_type::close(core_);  // without a core: returns at once
   }
 
   /// Tasks running now (diagnostics).
@@ -198,12 +197,6 @@ class stream {
 
   void abandon() noexcept {
     if (core_) core_type::release(std::exchange(core_, nullptr));
-  }
-  static asio::awaitable<std::optional<T>, Executor> empty_next() {
-    co_return std::nullopt;
-  }
-  static asio::awaitable<void, Executor> empty_close() {
-    co_return;
   }
 
   std::shared_ptr<core_type> core_;

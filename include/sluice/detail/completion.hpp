@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <new>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -37,53 +38,40 @@ inline void refuse_if_cancelled(const asio::cancellation_state& state, const cha
     throw system_error(asio::error::operation_aborted, what);
 }
 
-// Completes `handler` with `args` through its associated executor (falling back
-// to `fallback`), never inline: the caller may be inside release()/notify().
-// The handler's cancellation slot is cleared first, as Asio requires of an
-// operation that completes.
-template <class Handler, class Executor, class... Args>
-void post_completion(Handler&& handler, const Executor& fallback, Args&&... args) {
-  auto slot = asio::get_associated_cancellation_slot(handler);
-  if (slot.is_connected()) slot.clear();
-  auto ex = asio::get_associated_executor(handler, fallback);
-  post_to(ex, [h = std::forward<Handler>(handler),
-               a = std::make_tuple(std::forward<Args>(args)...)]() mutable {
-    std::apply(std::move(h), std::move(a));
-  });
-}
-
-// The start of every wait that takes a completion handler and has no list
-// of its own (start_wait does the same): completes `handler` at once, through
-// a post, with operation_aborted if its coroutine's cancellation was already
-// requested; true if it did (the caller then starts and takes nothing).
-template <class Handler, class Executor>
-bool refuse_cancelled(Handler& handler, const Executor& fallback) {
-  if (!cancel_requested(handler)) return false;
-  post_completion(std::move(handler), fallback, error_code(asio::error::operation_aborted));
-  return true;
-}
-
 // Owns an operation between a post and the run of the posted function.
-// operator() hands the operation to `Run{}(op)`, which completes it. If the
+// operator() hands the operation to `run(op)`, which completes it. If the
 // execution context is destroyed before the post runs (a loop stopped with a
-// cancellation pending), the destructor hands it to `Drop{}(op)` instead,
-// which must destroy the operation and its handler (and with it, say, a
-// coroutine frame) without running it: nothing leaks. Run and Drop are
-// stateless function objects taking Op*; Drop must not throw.
-template <class Op, class Run, class Drop>
-class owning_post {
+// cancellation pending), the destructor hands it to `drop(op)` instead, which
+// must destroy the operation and its handler (and with it, say, a coroutine
+// frame) without running it: nothing leaks; drop must not throw. One type for
+// every operation (owning_post() makes one): an executor compiles its posting
+// machinery once for all of them (issue 32).
+class op_post {
  public:
-  explicit owning_post(Op* op) noexcept : op_(op) {}
-  owning_post(owning_post&& other) noexcept : op_(std::exchange(other.op_, nullptr)) {}
-  owning_post& operator=(owning_post&&) = delete;
-  ~owning_post() {
-    if (op_ != nullptr) Drop{}(op_);
+  using fn = void (*)(void*);
+  op_post(void* op, fn run, fn drop) noexcept : op_(op), run_(run), drop_(drop) {}
+  op_post(op_post&& other) noexcept
+      : op_(std::exchange(other.op_, nullptr)), run_(other.run_), drop_(other.drop_) {}
+  op_post& operator=(op_post&&) = delete;
+  ~op_post() {
+    if (op_ != nullptr) drop_(op_);
   }
-  void operator()() { Run{}(std::exchange(op_, nullptr)); }
+  void operator()() { run_(std::exchange(op_, nullptr)); }
 
  private:
-  Op* op_;
+  void* op_;
+  fn run_;
+  fn drop_;
 };
+
+// An op_post of `op`: `Run{}(op)` when it runs, `Drop{}(op)` if it never
+// does. Run and Drop are stateless function objects taking Op*.
+template <class Op, class Run, class Drop>
+op_post owning_post(Op* op) noexcept {
+  return op_post(
+      op, [](void* p) { Run{}(static_cast<Op*>(p)); },
+      [](void* p) { Drop{}(static_cast<Op*>(p)); });
+}
 
 // A type-erased, move-only completion handler for signature void(Args...).
 // Invariant: holds at most one handler; complete() consumes it. The erased
@@ -93,7 +81,8 @@ class owning_post {
 template <class... Args>
 class erased_handler {
   struct base {
-    virtual void post(Args... args) = 0;
+    virtual void prepare(Args... args) = 0;  // may throw: still owned by the caller
+    virtual void post() = 0;                 // owns itself from here on
     virtual void invoke(Args... args) = 0;
     virtual void clear_slot() = 0;
     virtual void destroy() noexcept = 0;
@@ -105,9 +94,27 @@ class erased_handler {
   struct impl final : base {
     impl(Handler&& h, const Executor& ex) : handler(std::move(h)), fallback(ex) {}
     ~impl() = default;
-    void post(Args... args) override {
-      post_completion(std::move(handler), fallback, std::move(args)...);
+    // Keeps the arguments until it runs; the handler's slot is cleared first.
+    void prepare(Args... args) override {
+      clear_slot();
+      this->args.emplace(std::move(args)...);
     }
+    // Posts itself: one op_post type for every handler (issue 32).
+    void post() override {
+      auto posted = owning_post<impl, run_posted, drop_posted>(this);
+      post_to(asio::get_associated_executor(handler, fallback), std::move(posted));
+    }
+    struct run_posted {
+      void operator()(impl* p) const {
+        auto a = std::move(*p->args);
+        Handler h(std::move(p->handler));
+        p->destroy();
+        std::apply(std::move(h), std::move(a));
+      }
+    };
+    struct drop_posted {
+      void operator()(impl* p) const noexcept { p->destroy(); }
+    };
     void invoke(Args... args) override {
       clear_slot();
       std::move(handler)(std::move(args)...);
@@ -123,6 +130,7 @@ class erased_handler {
     }
     Handler handler;
     Executor fallback;
+    std::optional<std::tuple<Args...>> args;  // set by post()
   };
   struct destroyer {
     void operator()(base* p) const noexcept { p->destroy(); }
@@ -152,8 +160,8 @@ class erased_handler {
 
   // Posts the completion; the handler is released.
   void complete(Args... args) {
-    auto p = std::move(impl_);
-    p->post(std::move(args)...);
+    impl_->prepare(std::move(args)...);
+    impl_.release()->post();
   }
 
   // The operation is completing: no cancellation can reach it any more (Asio
@@ -171,6 +179,29 @@ class erased_handler {
  private:
   owner impl_;
 };
+
+// Completes `handler` with `args` through its associated executor (falling back
+// to `fallback`), never inline: the caller may be inside release()/notify().
+// The handler's cancellation slot is cleared first, as Asio requires of an
+// operation that completes.
+// Through an erased_handler, so every completion sluice posts is one op_post
+// type (each posted function type costs an -O0 object some 60 functions of
+// Asio's; issue 32). Not on a hand-off path: waits post their handler_op.
+template <class Handler, class Executor, class... Args>
+void post_completion(Handler&& handler, const Executor& fallback, Args... args) {
+  erased_handler<Args...>(std::forward<Handler>(handler), fallback).complete(std::move(args)...);
+}
+
+// The start of every wait that takes a completion handler and has no list
+// of its own (start_wait does the same): completes `handler` at once, through
+// a post, with operation_aborted if its coroutine's cancellation was already
+// requested; true if it did (the caller then starts and takes nothing).
+template <class Handler, class Executor>
+bool refuse_cancelled(Handler& handler, const Executor& fallback) {
+  if (!cancel_requested(handler)) return false;
+  post_completion(std::move(handler), fallback, error_code(asio::error::operation_aborted));
+  return true;
+}
 
 }  // namespace sluice::detail
 

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 
 namespace sluice::detail {
@@ -43,16 +44,17 @@ struct timed_wait : wait_op {
 // only if it was cancelled in between (it passes the permit on).
 class permit_core {
  public:
-  permit_core(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex,
-              const shed_options& shed = {})
-      : name_(name),
-        ex_(std::move(ex)),
-        shed_(wait_bound::make(shed, name, &on_expire, this)),
-        value_(initial),
-        bound_(initial),
-        bounded_(bounded) {
+  permit_core(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex)
+      : name_(name), ex_(std::move(ex)), value_(initial), bound_(initial), bounded_(bounded) {
     affinity_.bind(ex_);
     waiters_.on_cancel(&on_cancel, this);
+  }
+  // With a shedding bound. A separate constructor: only a TU that gives a
+  // limit shed_options compiles the bound's timer (wait_bound).
+  permit_core(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex,
+              const shed_options& shed)
+      : permit_core(name, initial, bounded, std::move(ex)) {
+    shed_ = wait_bound::make(shed, name, &on_expire, this);
   }
   permit_core(const permit_core&) = delete;
   permit_core& operator=(const permit_core&) = delete;
@@ -160,30 +162,47 @@ class permit_core {
   // this core: nothing here touches `this` after hand_on()).
   template <class HandOn>
   asio::awaitable<void> acquire(HandOn hand_on) {
+    return acquire_held(std::move(hand_on), no_hold{});
+  }
+
+  // As acquire(hand_on), then `held(since)` in the same frame, `since` the
+  // instant the hold begins (hold_start()): a scoped_acquire is one
+  // coroutine, not two (issue 32). Returns what `held` returns.
+  template <class HandOn, class Held>
+  asio::awaitable<std::invoke_result_t<Held&, clock::time_point>> acquire_held(HandOn hand_on,
+                                                                               Held held) {
     auto state = co_await asio::this_coro::cancellation_state;
     refuse_if_cancelled(state, name_);
     if constexpr (affinity::enabled) affinity_.bind(co_await asio::this_coro::executor);
-    if (try_acquire()) co_return;
-    pending_grant grant;
-    // Read before the wait: a keyed_semaphore may free this core before a
-    // shed waiter resumes.
-    const clock::duration after = shed_ ? shed_->retry_after() : clock::duration{};
-    try {
-      co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
-          [self = this, &grant](auto&& handler) {  // not `this`: clang 14 calls it unused
-            self->initiate(std::forward<decltype(handler)>(handler), true, &grant);
-          },
-          asio::use_awaitable_t<>{});
-    } catch (const system_error& e) {
-      if (e.code() == overloaded_code()) throw_overloaded(after);  // holding nothing
-      throw;
+    if (!try_acquire()) {
+      pending_grant grant;
+      // Read before the wait: a keyed_semaphore may free this core before a
+      // shed waiter resumes.
+      const clock::duration after = shed_ ? shed_->retry_after() : clock::duration{};
+      try {
+        co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(error_code)>(
+            [self = this, &grant](auto&& handler) {  // not `this`: clang 14 calls it unused
+              self->initiate(std::forward<decltype(handler)>(handler), true, &grant);
+            },
+            asio::use_awaitable_t<>{});
+      } catch (const system_error& e) {
+        if (e.code() == overloaded_code()) throw_overloaded(after);  // holding nothing
+        throw;
+      }
+      if (state.cancelled() != asio::cancellation_type::none) {
+        ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
+        hand_on();
+        throw system_error(asio::error::operation_aborted);
+      }
+      settle_grant(*stats_, grant);
     }
-    if (state.cancelled() != asio::cancellation_type::none) {
-      ++stats_->cancelled;  // not a grant: the caller gets operation_aborted
-      hand_on();
-      throw system_error(asio::error::operation_aborted);
+    if constexpr (std::is_same_v<Held, no_hold>) {
+      co_return;
+    } else if (!clock_bound()) {
+      co_return held(hold_start(co_await asio::this_coro::executor));
+    } else {
+      co_return held(hold_start());
     }
-    settle_grant(*stats_, grant);
   }
 
   // As acquire(), but the wait ignores cancellation (condition::wait
@@ -263,6 +282,11 @@ class permit_core {
           static_cast<wait_op*>(n)->complete(overloaded_code());
         });
   }
+
+  // acquire()'s `held`: nothing held past the grant (no clock read).
+  struct no_hold {
+    void operator()(clock::time_point) const noexcept {}
+  };
 
   const char* name_;
   asio::any_io_executor ex_;

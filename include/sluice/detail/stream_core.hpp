@@ -54,7 +54,10 @@ class stream_core : public stream_delivery<T, Executor> {
   // is gone (release()).
   class next_ref {
    public:
-    explicit next_ref(stream_core* c) noexcept : c_(c) { ++c_->next_refs_; }
+    // `c` null: the call of a stream without a core, which yields nothing.
+    explicit next_ref(stream_core* c) noexcept : c_(c) {
+      if (c_ != nullptr) ++c_->next_refs_;
+    }
     next_ref(next_ref&& other) noexcept : c_(std::exchange(other.c_, nullptr)) {}
     next_ref& operator=(next_ref&&) = delete;
     ~next_ref() {
@@ -63,6 +66,7 @@ class stream_core : public stream_delivery<T, Executor> {
       }
     }
     stream_core* operator->() const noexcept { return c_; }
+    explicit operator bool() const noexcept { return c_ != nullptr; }
 
    private:
     stream_core* c_;
@@ -78,7 +82,9 @@ class stream_core : public stream_delivery<T, Executor> {
     }
   }
 
+  // One coroutine for a stream without a core too (`c` null: nothing).
   static asio::awaitable<std::optional<T>, Executor> next(next_ref c) {
+    if (!c) co_return std::nullopt;
     // A result already waiting is handed out at once, whatever the caller's
     // cancellation state (a stream not started yet has none). While another
     // next() waits, nothing is buffered (a result wakes it at once).
@@ -172,7 +178,9 @@ class stream_core : public stream_delivery<T, Executor> {
   // caller whose cancellation was already requested still waits for every
   // task and closes the upstream. Only a cancellation that arrives while it
   // waits is reported (operation_aborted, after the wait).
+  // `c` null (a stream without a core): returns at once.
   static asio::awaitable<void, Executor> close(std::shared_ptr<stream_core> c) {
+    if (!c) co_return;
     c->abandon();
     auto ex = co_await asio::this_coro::executor;
     const bool was = co_await asio::this_coro::throw_if_cancelled();

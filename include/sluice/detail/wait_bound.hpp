@@ -36,17 +36,15 @@ namespace sluice::detail {
 // earliest; the timer is armed (for the head's deadline or an earlier one)
 // while the list has a waiter and max_wait is bounded, and disarmed when the
 // list empties (idle()): it holds nothing of a loop between waits.
+//
+// The timer's side (queued, idle, the re-arm) is virtual, implemented by
+// wait_bound_timer below, which only make() names: a limit built without
+// shed_options never calls make(), so a TU that only uses such limits does
+// not compile the timer (rate_timer, a steady timer's wait: some 170
+// functions of a -O0 object; issue 32).
 class wait_bound {
  public:
-  // `expire(context)` runs when the timer fires: the limit takes out the
-  // waiters whose deadline passed (take_expired) and re-arms.
-  wait_bound(const shed_options& o, const char* who, void (*expire)(void*), void* context)
-      : max_waiting_(o.max_waiting),
-        max_wait_(o.max_wait),
-        retry_after_(o.retry_after),
-        timer_(expire, context) {
-    check(o, who);
-  }
+  virtual ~wait_bound() = default;
 
   // Throws std::invalid_argument for options no limit takes.
   static void check(const shed_options& o, const char* who) {
@@ -60,14 +58,12 @@ class wait_bound {
                                   "sheds every call that would wait)");
   }
 
-  // Null when `o` bounds nothing (the default shed_options).
+  // Null when `o` bounds nothing (the default shed_options). `expire(context)`
+  // runs when the timer fires: the limit takes out the waiters whose deadline
+  // passed (take_expired) and re-arms.
+  template <class Lazy = void>  // compiled only where a limit is given shed_options
   static std::unique_ptr<wait_bound> make(const shed_options& o, const char* who,
-                                          void (*expire)(void*), void* context) {
-    check(o, who);
-    if (o.max_waiting == shed_options{}.max_waiting && o.max_wait == clock::duration::max())
-      return nullptr;
-    return std::make_unique<wait_bound>(o, who, expire, context);
-  }
+                                          void (*expire)(void*), void* context);
 
   // True when a new waiter behind `waiting` others must be shed.
   [[nodiscard]] bool full(std::size_t waiting) const noexcept { return waiting >= max_waiting_; }
@@ -82,15 +78,9 @@ class wait_bound {
   // A waiter that began at `since` on `ex` was queued; `alone`: it is the
   // only one (the timer is not armed). `ex` empty (a use_future waiter on a
   // limit without an executor) on the steady clock: nothing to run a timer
-  // on, so max_wait is not enforced until a waiter with one arrives alone. Out of line: the wait
-  // paths of limits without a bound stay as small as they were.
-  [[gnu::noinline]] void queued(bool alone, clock::time_point since, virtual_clock_service* v,
-                                const asio::any_io_executor& ex) {
-    if (!timed() || (v == nullptr && !ex)) return;
-    vclock_ = v;
-    ex_ = ex;
-    if (alone) timer_.arm(v, ex, deadline(since));
-  }
+  // on, so max_wait is not enforced until a waiter with one arrives alone.
+  virtual void queued(bool alone, clock::time_point since, virtual_clock_service* v,
+                      const asio::any_io_executor& ex) = 0;
 
   // Takes the waiters of `list` whose deadline is past `now` out, from the
   // head, each through `shed(node)` (which completes it with
@@ -100,7 +90,7 @@ class wait_bound {
     while (waiter_node* head = list.front()) {
       const clock::time_point d = deadline(since_of(head));
       if (d > now) {
-        timer_.arm(vclock_, ex_, d);
+        rearm(d);
         return;
       }
       list.erase(head);
@@ -110,19 +100,54 @@ class wait_bound {
   }
 
   // The list emptied: let the timer go.
-  void idle() noexcept {
-    timer_.disarm();
-    ex_ = {};
-  }
+  virtual void idle() noexcept = 0;
+
+ protected:
+  explicit wait_bound(const shed_options& o) noexcept
+      : max_waiting_(o.max_waiting), max_wait_(o.max_wait), retry_after_(o.retry_after) {}
+  virtual void rearm(clock::time_point deadline) = 0;
 
  private:
   std::size_t max_waiting_;
   clock::duration max_wait_;
   clock::duration retry_after_;
+};
+
+// wait_bound's timer: on the virtual clock of the last waiter queued, or on a
+// steady timer of its executor's context.
+class wait_bound_timer final : public wait_bound {
+ public:
+  wait_bound_timer(const shed_options& o, void (*expire)(void*), void* context)
+      : wait_bound(o), timer_(expire, context) {}
+
+  void queued(bool alone, clock::time_point since, virtual_clock_service* v,
+              const asio::any_io_executor& ex) override {
+    if (!timed() || (v == nullptr && !ex)) return;
+    vclock_ = v;
+    ex_ = ex;
+    if (alone) timer_.arm(v, ex, deadline(since));
+  }
+  void idle() noexcept override {
+    timer_.disarm();
+    ex_ = {};
+  }
+
+ private:
+  void rearm(clock::time_point d) override { timer_.arm(vclock_, ex_, d); }
+
   rate_timer timer_;
   virtual_clock_service* vclock_ = nullptr;
   asio::any_io_executor ex_;  // the last queued waiter's: where a steady timer runs
 };
+
+template <class Lazy>
+std::unique_ptr<wait_bound> wait_bound::make(const shed_options& o, const char* who,
+                                             void (*expire)(void*), void* context) {
+  check(o, who);
+  if (o.max_waiting == shed_options{}.max_waiting && o.max_wait == clock::duration::max())
+    return nullptr;
+  return std::make_unique<wait_bound_timer>(o, expire, context);
+}
 
 }  // namespace sluice::detail
 

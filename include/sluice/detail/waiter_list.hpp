@@ -150,22 +150,14 @@ class handler_op final : public Node {
     // Clear the slot first: the cancellation handler points at this op.
     auto slot = asio::get_associated_cancellation_slot(op->handler_);
     if (slot.is_connected()) slot.clear();
-    if (deferred && completes_on_loop<Handler>) {
-      op->result_ = ec;
-      auto ex = asio::get_associated_executor(op->handler_, op->fallback());
-      post_to(ex, deferred_completion(op));
-      return;
-    }
-    if (op->owner != nullptr) op->owner->erase(op);  // a deferral that was refused
-    auto args = Deliver{}(static_cast<Node&>(*op), ec);
-    Handler h(std::move(op->handler_));
-    auto ex = op->fallback();
-    destroy(op);
-    std::apply(
-        [&](auto&&... a) {
-          post_completion(std::move(h), ex, ec, std::forward<decltype(a)>(a)...);
-        },
-        std::move(args));
+    // Not deferred (or a deferral refused: a handler that does not complete
+    // on the loop): unlinked now, delivered when it runs (the node is nobody
+    // else's any more). The op itself is posted, as a deferred one: every
+    // handler_op posts the one op_post type (issue 32).
+    if (!(deferred && completes_on_loop<Handler>)&&op->owner != nullptr) op->owner->erase(op);
+    op->result_ = ec;
+    auto ex = asio::get_associated_executor(op->handler_, op->fallback());
+    post_to(ex, owning_post<handler_op, run_deferred, discard_op>(op));
   }
 
   // Owns an aborted operation until its completion runs (or the loop drops it).
@@ -175,10 +167,9 @@ class handler_op final : public Node {
   struct discard_op {
     void operator()(handler_op* op) const noexcept { discard(op); }
   };
-  using aborter = owning_post<handler_op, complete_aborted, discard_op>;
 
-  // Runs a deferred completion: on the handler's executor already, so the
-  // handler is invoked here, after the payload is delivered.
+  // Runs a completion: on the handler's executor already, so the handler is
+  // invoked here, after the payload is delivered.
   struct run_deferred {
     void operator()(handler_op* op) const {
       if (op->owner != nullptr) op->owner->erase(op);
@@ -190,7 +181,6 @@ class handler_op final : public Node {
                  std::move(args));
     }
   };
-  using deferred_completion = owning_post<handler_op, run_deferred, discard_op>;
 
   // Runs from the handler's cancellation slot. It may neither clear that slot
   // nor destroy the op inline, so it unlinks the waiter (after which nothing
@@ -206,7 +196,7 @@ class handler_op final : public Node {
       waiter_list* list = op->owner;
       list->erase(op);
       auto ex = asio::get_associated_executor(op->handler_, op->fallback());
-      asio::post(ex, aborter(op));
+      asio::post(ex, owning_post<handler_op, complete_aborted, discard_op>(op));
       list->notify_cancelled();
     }
   };

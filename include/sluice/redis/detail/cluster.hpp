@@ -13,7 +13,6 @@
 
 #include <sluice/detail/asio.hpp>
 
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <deque>
@@ -222,20 +221,9 @@ class redis_cluster : public std::enable_shared_from_this<redis_cluster> {
       }
       return true;
     }
-    // TRYAGAIN: a multi-key command whose keys a migration split. "non local
-    // key": a script in a migrating slot deleted a key (a trim emptied it) and
-    // then wrote it again; Redis aborted it there, its effects so far stand
-    // (sluice's scripts only trim or re-draw a ticket by then), and it runs
-    // again where the key now belongs.
-    const bool again = r.str.rfind("TRYAGAIN", 0) == 0 ||
-                       r.str.find("non local key in a cluster node") != std::string::npos;
-    const bool down = r.str.rfind("CLUSTERDOWN", 0) == 0;
-    if (again || down) {
-      if (clock::now() - c->started >= budget()) return false;
-      c->delay = std::min(std::chrono::milliseconds(1 << std::min(c->retries, 7)),
-                          std::chrono::milliseconds(100));
-      ++c->retries;
-      if (down) request_refresh();
+    if (const auto t = redis_transient_error(r.str); t != redis_transient::no) {
+      if (!c->back_off(budget())) return false;
+      if (t == redis_transient::down) request_refresh();
       return true;
     }
     if (r.str.rfind("NOSCRIPT", 0) == 0 && !c->reloaded &&

@@ -80,6 +80,20 @@ inline bool redis_cluster_refused(std::string_view name) {
   return redis_is_one_of(name, {"MULTI", "EXEC", "DISCARD", "WATCH", "UNWATCH"});
 }
 
+// An error reply that a later send of the same command may not get.
+// TRYAGAIN: a multi-key command whose keys a migration split. "non local
+// key": a script in a migrating slot deleted a key (a trim emptied it) and
+// then wrote it again; Redis aborted it there, its effects so far stand
+// (sluice's scripts only trim or re-draw a ticket by then), and it runs again
+// where the key now belongs. CLUSTERDOWN: the cluster is failing over.
+enum class redis_transient { no, again, down };
+inline redis_transient redis_transient_error(std::string_view err) {
+  if (err.rfind("TRYAGAIN", 0) == 0 ||
+      err.find("non local key in a cluster node") != std::string_view::npos)
+    return redis_transient::again;
+  return err.rfind("CLUSTERDOWN", 0) == 0 ? redis_transient::down : redis_transient::no;
+}
+
 inline std::optional<std::size_t> redis_parse_count(std::string_view s) {
   std::size_t n = 0;
   const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);

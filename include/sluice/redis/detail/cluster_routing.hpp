@@ -43,6 +43,16 @@ struct redis_cluster_cmd {
   int retries = 0;                                   // TRYAGAIN/CLUSTERDOWN waited out
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   std::chrono::milliseconds delay{0};  // wait before the next send
+
+  // Answered a redis_transient error: whether to send again after `delay`
+  // (1, 2, 4 ... ms, at most 100), given `budget` from submit() on.
+  bool back_off(std::chrono::milliseconds budget) {
+    if (std::chrono::steady_clock::now() - started >= budget) return false;
+    delay = std::min(std::chrono::milliseconds(1 << std::min(retries, 7)),
+                     std::chrono::milliseconds(100));
+    ++retries;
+    return true;
+  }
 };
 
 // The nodes of a cluster connection and the slot map.

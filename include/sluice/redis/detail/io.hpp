@@ -17,7 +17,6 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,14 +28,12 @@ namespace sluice::detail {
 // The state behind a redis::connection, shared with its pending I/O handlers.
 //
 // Invariants:
-// - pending_ holds, in order, every call whose command bytes are in writing_,
-//   in out_, or already sent and not yet answered; the n-th reply read belongs
-//   to pending_.front() (RESP replies come in command order).
+// - pending_ holds the calls in command order (redis_pipeline, request.hpp).
 // - gen_ changes whenever the socket is closed; a handler of an older
 //   generation only decrements io_ops_ (its socket is gone).
 // - io_ops_ counts outstanding socket and timer operations; close() waits for 0.
 // - timer_ watches the connect deadline while connecting, else the deadline of
-//   pending_.front() (replies come in order: if the oldest call is late, the
+//   pending_'s front (replies come in order: if the oldest call is late, the
 //   server is stalled, and the connection is reset).
 // - A call is completed exactly once, through a post (erased_handler).
 class redis_io : public std::enable_shared_from_this<redis_io> {
@@ -110,10 +107,9 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     const std::string& name = args.front();
     if (name == "SUBSCRIBE" || name == "PSUBSCRIBE" || name == "subscribe" || name == "psubscribe")
       subscriber_ = true;
-    out_ += bytes;
-    pending_.push_back(std::move(req));
+    pending_.push_back(bytes, std::move(req));
     if (state_ == state::open) {
-      set_deadline(*pending_.back());
+      set_deadline(*pending_.calls().back());
       arm_timer();
       start_write();
     } else if (state_ == state::broken) {
@@ -230,7 +226,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   void on_open() {
     state_ = state::open;
     prepend_handshake();
-    for (auto& r : pending_) set_deadline(*r);
+    for (auto& r : pending_.calls()) set_deadline(*r);
     arm_timer();
     auto waiters = std::move(open_waiters_);
     open_waiters_.clear();
@@ -269,9 +265,8 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
       if (on_message_) on_message_(r);
       return;
     }
-    if (pending_.empty()) return fail(redis::make_error_code(redis::errc::protocol_error));
-    auto req = std::move(pending_.front());
-    pending_.pop_front();
+    auto req = pending_.pop_front();
+    if (!req) return fail(redis::make_error_code(redis::errc::protocol_error));
     if (req->internal && r.is_error())
       return fail(redis::make_error_code(redis::errc::handshake_failed));
     // A primary that was demoted (failover): the next call locates the new one.
@@ -284,12 +279,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   // while it was opening; their replies are consumed here.
   void prepend_handshake() {
     auto [bytes, n] = redis_handshake(opts_);
-    out_.insert(0, bytes);
-    for (std::size_t i = 0; i < n; ++i) {
-      auto req = std::make_shared<redis_request>();
-      req->internal = true;
-      pending_.push_front(std::move(req));
-    }
+    pending_.push_front_internal(bytes, n);
   }
 
   void set_deadline(redis_request& r) const {
@@ -302,7 +292,7 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     if (state_ == state::connecting && opts_.connect_timeout.count() > 0) {
       target = connect_deadline_;
     } else if (state_ == state::open && !pending_.empty() && opts_.command_timeout.count() > 0) {
-      target = pending_.front()->deadline;
+      target = pending_.calls().front()->deadline;
     } else {
       return;
     }
@@ -324,28 +314,26 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
         now >= connect_deadline_)
       return fail(redis::make_error_code(redis::errc::timed_out));
     if (state_ == state::open && !pending_.empty() && opts_.command_timeout.count() > 0 &&
-        now >= pending_.front()->deadline)
+        now >= pending_.calls().front()->deadline)
       return fail(redis::make_error_code(redis::errc::timed_out));
     arm_timer();
     maybe_idle();
   }
 
   void start_write() {
-    if (write_active_ || out_.empty() || state_ != state::open) return;
-    writing_.swap(out_);
-    out_.clear();
-    write_active_ = true;
+    if (state_ != state::open) return;
+    const std::string* bytes = pending_.start_write();
+    if (!bytes) return;
     ++io_ops_;
     auto done = [self = shared_from_this(), gen = gen_](error_code ec, std::size_t) {
       self->on_write(gen, ec);
     };
-    transport_.async_write(asio::buffer(writing_), std::move(done));
+    transport_.async_write(asio::buffer(*bytes), std::move(done));
   }
 
   void on_write(unsigned gen, error_code ec) {
     --io_ops_;
-    write_active_ = false;
-    writing_.clear();
+    pending_.write_done();
     if (gen != gen_) {
       start_write();  // bytes queued for a newer socket
       return maybe_idle();
@@ -359,12 +347,8 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
     if (state_ != state::closed) state_ = state::broken;
     ++gen_;
     transport_.close();
-    out_.clear();
     subscriber_ = false;
-    auto pending = std::move(pending_);
-    pending_.clear();
-    for (auto& r : pending)
-      if (r->handler) r->handler.complete(ec, redis::reply{});
+    pending_.fail_all(ec);
     auto waiters = std::move(open_waiters_);
     open_waiters_.clear();
     for (auto& w : waiters) w.complete(ec);
@@ -398,11 +382,8 @@ class redis_io : public std::enable_shared_from_this<redis_io> {
   state state_ = state::broken;
   unsigned gen_ = 0;
   std::size_t io_ops_ = 0;
-  bool write_active_ = false;
   bool subscriber_ = false;
-  std::string out_;
-  std::string writing_;
-  std::deque<std::shared_ptr<redis_request>> pending_;
+  redis_pipeline pending_;  // the calls in command order, the bytes to write
   redis_resp_reader reader_;
   std::array<char, 16384> rbuf_{};
   std::function<void(const redis::reply&)> on_message_;
