@@ -31,11 +31,11 @@
 using namespace std::chrono_literals;
 using sluice::redis::reply;
 using sluice_test::connect_to;
-using sluice_test::run_for;
-using sluice_test::sleep_ms;
 using sluice_test::migration;
 using sluice_test::other_port;
 using sluice_test::owner_port;
+using sluice_test::run_for;
+using sluice_test::sleep_ms;
 
 namespace {
 
@@ -73,7 +73,7 @@ TEST_CASE("the slot of a key is the CRC16 of its hash tag, modulo 16384", "[redi
   CHECK(key_slot("{user1000}.following") == key_slot("{user1000}.followers"));
   CHECK(key_slot("{user1000}.following") == key_slot("user1000"));
   CHECK(key_slot("foo{}{bar}") == sluice::detail::redis_crc16("foo{}{bar}") % 16384);  // empty tag
-  CHECK(key_slot("foo{{bar}}zap") == key_slot("{bar"));                               // first { to first }
+  CHECK(key_slot("foo{{bar}}zap") == key_slot("{bar"));  // first { to first }
   CHECK(key_slot("foo{bar}{zap}") == key_slot("bar"));
   CHECK(key_slot("sluice:sem:{places}:holders") == key_slot("sluice:sem:{places}:fence"));
 }
@@ -158,8 +158,9 @@ TEST_CASE("a cluster connection sends each key to its node, in call order per sl
     // Pipelined: 200 INCRs on one key, none awaited before the next is sent.
     std::vector<long long> got;
     for (int i = 0; i < 200; ++i)
-      conn->async_execute({"INCR", "{counter}"},
-                          [&](sluice::error_code ec, reply r) { got.push_back(ec ? -1 : r.integer); });
+      conn->async_execute({"INCR", "{counter}"}, [&](sluice::error_code ec, reply r) {
+        got.push_back(ec ? -1 : r.integer);
+      });
     while (got.size() < 200) co_await sleep_ms(2);
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == static_cast<long long>(i) + 1);
     reply r = co_await conn->execute("GET", "key:17");
@@ -222,7 +223,6 @@ TEST_CASE("a cluster connection rejects db != 0, MULTI, and a node that is not i
   }());
 }
 
-
 TEST_CASE("ASK is followed during a migration and MOVED after it, keeping the order of a slot",
           "[redis][cluster]") {
   auto& cluster = shared_cluster();
@@ -238,9 +238,9 @@ TEST_CASE("ASK is followed during a migration and MOVED after it, keeping the or
     co_await dst_admin->execute("CONFIG", "RESETSTAT");
     auto m = co_await migration::begin(slot, from, to, cluster.ports());
     CHECK((co_await conn->execute("GET", "{mig}a")).str == "1");  // still at the source
-    co_await conn->execute("SET", "{mig}new", "2");                // not at the source: ASK
+    co_await conn->execute("SET", "{mig}new", "2");               // not at the source: ASK
     co_await m.move_keys(1);
-    CHECK((co_await conn->execute("GET", "{mig}a")).str == "1");   // moved: ASK
+    CHECK((co_await conn->execute("GET", "{mig}a")).str == "1");  // moved: ASK
     CHECK((co_await conn->execute("GET", "{mig}new")).str == "2");
     CHECK(co_await stat_calls(*dst_admin, "asking") >= 3);
     // A script the target does not know yet, asked of it after ASKING.
@@ -251,8 +251,9 @@ TEST_CASE("ASK is followed during a migration and MOVED after it, keeping the or
     // 300 pipelined INCRs of one key race the end of the migration (ASK, then MOVED).
     std::vector<long long> got;
     for (int i = 0; i < 300; ++i)
-      conn->async_execute({"INCR", "{mig}n"},
-                          [&](sluice::error_code ec, reply r) { got.push_back(ec ? -1 : r.integer); });
+      conn->async_execute({"INCR", "{mig}n"}, [&](sluice::error_code ec, reply r) {
+        got.push_back(ec ? -1 : r.integer);
+      });
     co_await m.finish();
     while (got.size() < 300) co_await sleep_ms(2);
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == static_cast<long long>(i) + 1);
@@ -437,10 +438,10 @@ int fleet_child(int port, const std::string& shm_path, long ms) {
   return 0;
 }
 
-const sluice_test::register_child fleet_role{
-    "fleet", [](const std::vector<std::string>& a) {
-      return fleet_child(std::stoi(a.at(0)), a.at(1), std::stol(a.at(2)));
-    }};
+const sluice_test::register_child fleet_role{"fleet", [](const std::vector<std::string>& a) {
+                                               return fleet_child(std::stoi(a.at(0)), a.at(1),
+                                                                  std::stol(a.at(2)));
+                                             }};
 
 // A proven over-admission of a limiter: more than `calls` grants whose server
 // decisions (each between its send and its reply) all fall in one window.
@@ -519,9 +520,10 @@ TEST_CASE("50 semaphores and 50 rate limiters over 3 processes hold their caps w
   ::munmap(shm, sizeof(fleet_shm));
 }
 
-TEST_CASE("a cancelled cluster call completes at once and later calls of its slot stay in order; "
-          "close() fails what is pending",
-          "[redis][cluster]") {
+TEST_CASE(
+    "a cancelled cluster call completes at once and later calls of its slot stay in order; "
+    "close() fails what is pending",
+    "[redis][cluster]") {
   auto& cluster = shared_cluster();
   asio::io_context ctx;
   run_for(ctx, [&]() -> asio::awaitable<void> {
@@ -539,7 +541,8 @@ TEST_CASE("a cancelled cluster call completes at once and later calls of its slo
     std::string behind;
     conn->async_execute({"ECHO", "behind"}, [&](sluice::error_code, reply r) { behind = r.str; });
     long long incr = 0;
-    conn->async_execute({"INCR", "{cancel}n"}, [&](sluice::error_code, reply r) { incr = r.integer; });
+    conn->async_execute({"INCR", "{cancel}n"},
+                        [&](sluice::error_code, reply r) { incr = r.integer; });
     co_await sleep_ms(50);
     sig.emit(asio::cancellation_type::terminal);
     co_await sleep_ms(10);
