@@ -215,22 +215,7 @@ class loop_held_handler : private loop_hook {
 
   // Holds `h` (which completes on its associated executor, else `fallback`).
   template <class Handler, class Executor>
-  void hold(Handler&& h, const Executor& fallback) {
-    const auto ex = asio::get_associated_executor(h, fallback);
-    handler_ = erased_handler<Args...>(std::forward<Handler>(h), fallback);
-    if constexpr (loop_service::has_context<decltype(ex)>) {
-      auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
-      if (&ctx != ctx_ || !attached) {
-        detach();
-        life_ = loop_service::life_of(ctx);
-        ctx_ = &ctx;
-        life_->attach(*this);
-      }
-    } else {
-      detach();  // nothing to outlive: no context
-      ctx_ = nullptr;
-    }
-  }
+  void hold(Handler&& h, const Executor& fallback);
 
   explicit operator bool() const noexcept { return static_cast<bool>(handler_); }
 
@@ -261,6 +246,32 @@ class loop_held_handler : private loop_hook {
   std::shared_ptr<loop_life> life_;         // of ctx_ (kept between holds)
   asio::execution_context* ctx_ = nullptr;  // compared only, never dereferenced
 };
+
+// Out of the class (not inline): a coroutine's handler is held by code
+// compiled once with SLUICE_SEPARATE_COMPILATION.
+template <class... Args>
+template <class Handler, class Executor>
+void loop_held_handler<Args...>::hold(Handler&& h, const Executor& fallback) {
+  const auto ex = asio::get_associated_executor(h, fallback);
+  handler_ = erased_handler<Args...>(std::forward<Handler>(h), fallback);
+  if constexpr (loop_service::has_context<decltype(ex)>) {
+    auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
+    if (&ctx != ctx_ || !attached) {
+      detach();
+      life_ = loop_service::life_of(ctx);
+      ctx_ = &ctx;
+      life_->attach(*this);
+    }
+  } else {
+    detach();  // nothing to outlive: no context
+    ctx_ = nullptr;
+  }
+}
+
+#if defined(SLUICE_SEPARATE_COMPILATION)
+extern template void loop_held_handler<>::hold(awaitable_handler_t<void()>&&,
+                                               const asio::any_io_executor&);
+#endif
 
 }  // namespace sluice::detail
 

@@ -144,10 +144,7 @@ class stream_core : public stream_delivery<T, Executor> {
           c->abandon();
           throw system_error(asio::error::operation_aborted, "sluice::stream::next");
         }
-        c->ex_.emplace(co_await asio::this_coro::executor);
-        c->poster_.emplace(*c->ex_);
-        c->started_ = true;
-        c->spawn();
+        c->start(co_await asio::this_coro::executor);
       }
     }
     error_code ec;
@@ -186,8 +183,7 @@ class stream_core : public stream_delivery<T, Executor> {
     const bool was = co_await asio::this_coro::throw_if_cancelled();
     co_await asio::this_coro::throw_if_cancelled(false);
     error_code ec;
-    auto join_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
-    co_await c->children_->async_join(ex, join_token);
+    co_await c->children_->join(ex, ec);
     if (!c->input_shut_) co_await shut_input(c);
     co_await asio::this_coro::throw_if_cancelled(was);
     if (ec) throw system_error(ec, "sluice::stream::close");
