@@ -15,7 +15,6 @@
 
 #include <sluice/detail/asio.hpp>
 
-#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <limits>

@@ -24,8 +24,8 @@
 #include <sluice/detail/asio.hpp>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -108,7 +108,8 @@ class loop_life {
   void hand_back(loop_hook& h) noexcept {
     link(head_, h);
     --expected_;
-    handed_back_.notify_all();
+    hand_backs_.fetch_add(1, std::memory_order_release);
+    hand_backs_.notify_all();
   }
 
   // The context is going away: detach every hook and run its on_end, until
@@ -126,7 +127,12 @@ class loop_life {
         h->on_end(h);
       }
       if (expected_ == 0) return;
-      handed_back_.wait(lock);
+      // Wait for a hand_back() (made under the lock: none is missed between
+      // the read and the wait).
+      const std::uint32_t seen = hand_backs_.load(std::memory_order_acquire);
+      lock.unlock();
+      hand_backs_.wait(seen, std::memory_order_acquire);
+      lock.lock();
     }
   }
 
@@ -147,7 +153,7 @@ class loop_life {
   }
 
   std::recursive_mutex mutex_;
-  std::condition_variable_any handed_back_;
+  std::atomic<std::uint32_t> hand_backs_{0};  // hand_back() calls, waited on by end()
   std::atomic<bool> ended_{false};
   loop_hook* first_ = nullptr;  // guarded by mutex_; ended before head_
   loop_hook* head_ = nullptr;   // guarded by mutex_
