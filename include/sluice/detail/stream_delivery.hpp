@@ -75,7 +75,7 @@ class stream_delivery : public stream_workers<Executor>,
   // results dropped (and a failure not yet reported too, unless keep_error:
   // a cancelled consumer still gets it from a later next()). The destructor
   // of a stream and close() call it.
-  void abandon(bool keep_error = false) {
+  void abandon(bool keep_error = false) final {
     stop();
     buffer_.clear();
     if (!keep_error) error_ = nullptr;

@@ -110,6 +110,20 @@ class stream_workers {
 
   // ---- for the consumer side -----------------------------------------------
 
+  // Stops without waiting (stream_delivery's, which see).
+  virtual void abandon(bool keep_error = false) = 0;
+
+  // The stream's close() (stream_core's, which see): stops it, waits for
+  // every worker, closes an owned input. Null: returns at once.
+  static asio::awaitable<void, Executor> close_stream(std::shared_ptr<stream_workers> c);
+  // Closes the owned input once (close_input: cancels an upstream stage and
+  // waits for it). The callers turn throw_if_cancelled off around it: a
+  // cancelled consumer must not leave the upstream running either. An error
+  // of the close itself (only its own cancellation) is not the stream's.
+  static asio::awaitable<void, Executor> shut_input(std::shared_ptr<stream_workers> c);
+  // Closes an owned async source that has close(); nothing otherwise.
+  virtual asio::awaitable<void, Executor> close_input();
+
   // The consumer's wait inside next() (stream_delivery::async_wait says
   // when it completes); what depends on the result type goes through
   // consumer_waiting() (the handler is held) and cancel_consumer().
@@ -196,6 +210,7 @@ class stream_workers {
   loop_held_handler<> consumer_;   // next()'s wait; let go if its loop dies first
   bool consumer_aborted_ = false;  // the consumer's wait completes with operation_aborted
   bool consumer_on_ex_ = true;     // the waiting consumer runs on ex_
+  bool input_shut_ = false;        // shut_input() ran
   std::size_t used_ = 0;
   std::size_t running_ = 0;
   std::size_t spawned_ = 0;
@@ -262,6 +277,37 @@ void stream_workers<Executor>::start(const Executor& ex) {
   poster_.emplace(ex);
   started_ = true;
   spawn();
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> stream_workers<Executor>::close_stream(
+    std::shared_ptr<stream_workers> c) {
+  if (!c) co_return;
+  c->abandon();
+  auto ex = co_await asio::this_coro::executor;
+  const bool was = co_await asio::this_coro::throw_if_cancelled();
+  co_await asio::this_coro::throw_if_cancelled(false);
+  error_code ec;
+  co_await c->children_->join(ex, ec);
+  if (!c->input_shut_) co_await shut_input(c);
+  co_await asio::this_coro::throw_if_cancelled(was);
+  if (ec) throw system_error(ec, "sluice::stream::close");
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> stream_workers<Executor>::shut_input(
+    std::shared_ptr<stream_workers> c) {
+  c->input_shut_ = true;
+  try {
+    auto closing = c->close_input();
+    co_await std::move(closing);
+  } catch (...) {
+  }
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> stream_workers<Executor>::close_input() {
+  co_return;
 }
 
 template <class Executor>
