@@ -880,6 +880,112 @@ TEST_CASE("by_key gives back a grant that came while the slot went to another ke
   CHECK(loop.now() == 1100ms);
 }
 
+TEST_CASE(
+    "a keyed_rate_limiter built without an executor serves by_key on the loop's virtual clock",
+    "[by_key]") {
+  // by_key binds it to the fan-out's clock before its first try_acquire, as
+  // a waiter would (before: bound to the steady clock there, logic_error at
+  // the first wait; the fan-out hung). aaaaabb, 3 at once, 2 starts per host
+  // per second: the schedule of the limiter built with the loop's executor.
+  const std::vector<job> in = jobs("aaaaabb", 100ms);
+  virtual_loop loop;
+  trace t;
+  sluice::keyed_rate_limiter<char> per_host{2, 1s};
+  SECTION("map_unordered") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(sluice::map_unordered([&](job j) { return work(loop, t, j); }, in,
+                                                      3, sluice::by_key(key_of, per_host)),
+                                [](int) {});
+    });
+  }
+  SECTION("keyed_task_group: b's first child in the asking slot at 0") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await char_group::run(3, per_host, [&](char_group& g) -> asio::awaitable<void> {
+        for (const job& j : in) g.spawn(j.key, child_work(loop, t, j));
+        co_return;
+      });
+    });
+  }
+  std::ranges::sort(t.starts, {}, [](auto& s) { return std::pair(s.second, s.first); });
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{
+                        {0, 0ms}, {1, 0ms}, {5, 0ms}, {6, 100ms}, {2, 1s}, {3, 1s}, {4, 2s}});
+  CHECK(per_host.stats().acquired == 7);
+  CHECK(loop.now() == 2100ms);
+}
+
+TEST_CASE("a child spawned while the group's asking slot is its last free one starts in it at once",
+          "[by_key]") {
+  // 2 at once, a keyed_semaphore of 1 per host: a0 runs, a1 waits for a's
+  // permit and the group keeps the second slot to ask for it; b2, spawned
+  // then, is free: it starts in that slot at 0 (before: at 100 ms, when a0
+  // ended, the asking slot not told of it).
+  virtual_loop loop;
+  trace t;
+  sluice::keyed_semaphore<char> hosts{1};
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await char_group::run(2, hosts, [&](char_group& g) -> asio::awaitable<void> {
+      for (const job& j : jobs("aab", 100ms)) g.spawn(j.key, child_work(loop, t, j));
+      co_return;
+    });
+  });
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 0ms}, {2, 0ms}, {1, 100ms}});
+  CHECK(loop.now() == 200ms);
+  CHECK(hosts.keys() == 0);
+}
+
+namespace {
+
+// A keyed limit whose wait answers without suspending, as a
+// keyed_rate_limiter's on the steady clock does when a key's window opens
+// between the fan-out's try_acquire and its wait: try_take refuses, wait
+// grants at once.
+struct answers_at_once {
+  std::size_t waits = 0;
+};
+
+}  // namespace
+
+template <>
+struct sluice::detail::keyed_limit_traits<answers_at_once> {
+  static constexpr bool valid = true;
+  using limit = answers_at_once;
+  using key_type = char;
+  struct grant {};
+  static void bind(limit&, const asio::any_io_executor&) noexcept {}
+  static std::optional<grant> try_take(limit&, char) { return std::nullopt; }
+  static asio::awaitable<grant> wait(limit& l, char) {
+    ++l.waits;
+    co_return grant{};
+  }
+};
+
+TEST_CASE("a keyed limit's wait that ends before the fan-out parks is not lost", "[by_key]") {
+  // ab, 1 at once: each key's wait is granted inside the call that starts
+  // it; the fan-out takes that grant instead of parking (before: it parked
+  // after the wake-up and never woke, a deadlock at 0).
+  virtual_loop loop;
+  trace t;
+  answers_at_once limit;
+  SECTION("map_unordered") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(
+          sluice::map_unordered([&](job j) { return work(loop, t, j); }, jobs("ab", 100ms), 1,
+                                sluice::by_key(key_of, limit)),
+          [](int) {});
+    });
+  }
+  SECTION("keyed_task_group") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await char_group::run(1, limit, [&](char_group& g) -> asio::awaitable<void> {
+        for (const job& j : jobs("ab", 100ms)) g.spawn(j.key, child_work(loop, t, j));
+        co_return;
+      });
+    });
+  }
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 0ms}, {1, 100ms}});
+  CHECK(loop.now() == 200ms);
+}
+
 namespace {
 
 // Spawns `fan_out` and cancels it at `at` plus `turns` loop turns, then runs

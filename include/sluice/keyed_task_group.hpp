@@ -112,7 +112,9 @@ class keyed_task_group {
   /// wait per key); the first grant starts its child in that slot and the
   /// other waits are withdrawn (grants that came with them given back), so
   /// no grant is kept without its running child. An error of the limit's
-  /// wait (its shed bound) fails the group. Cancellation and failure
+  /// wait (its shed bound) fails the group. A `keyed_rate_limiter` built
+  /// without an executor is bound to the caller's clock as `run` starts (as
+  /// with `sluice::by_key`). Cancellation and failure
   /// withdraw every wait and await it before `run` returns: nothing is left
   /// on the limit. Throws `std::invalid_argument` at once when `limit` or
   /// `o.buffer` is 0.
@@ -215,7 +217,8 @@ class keyed_task_group {
     virtual ~gate() = default;
     // A waiting child whose grant is in hand or free, wrapped to hold it.
     virtual std::optional<asio::awaitable<void>> take() = 0;
-    virtual void ask(const asio::any_io_executor& ex) = 0;
+    // True if a wait ended already (see key_asks::ask_ready).
+    virtual bool ask(const asio::any_io_executor& ex) = 0;
     virtual void withdraw() = 0;
     virtual asio::awaitable<void> join(asio::any_io_executor ex) = 0;
   };
@@ -226,13 +229,15 @@ class keyed_task_group {
         : a(std::make_shared<asks>(g.keys_, l, [&g](std::exception_ptr e) {
             if (e && !g.wait_error_) g.wait_error_ = std::move(e);
             g.keys_->wake();
-          })) {}
+          })) {
+      a->bind(g.ex_);
+    }
     std::optional<asio::awaitable<void>> take() override {
       auto t = a->take();
       if (!t) return std::nullopt;
       return holding(std::move(t->first), std::move(t->second));
     }
-    void ask(const asio::any_io_executor& ex) override { a->ask_ready(ex); }
+    bool ask(const asio::any_io_executor& ex) override { return a->ask_ready(ex); }
     void withdraw() override { a->withdraw(); }
     asio::awaitable<void> join(asio::any_io_executor ex) override { return a->join(ex); }
     // The child, holding its grant for its run (a rate start is spent now).
@@ -274,7 +279,7 @@ class keyed_task_group {
     while (!self->g_->stopping() && self->keys_->buffered() != 0) {
       if ((error = std::exchange(self->wait_error_, nullptr))) break;
       if ((child = self->gate_->take())) break;
-      self->gate_->ask(self->ex_);
+      if (self->gate_->ask(self->ex_)) continue;  // a wait ended already: try again
       try {
         co_await self->keys_->park(self->ex_);
       } catch (const system_error&) {
@@ -305,12 +310,12 @@ class keyed_task_group {
         auto [key, child] = producers_.grant_front();
         keys_->push(std::move(key), std::move(child));
       }
+      if (asking_) {  // it holds a slot, perhaps the last free one: it tries again
+        keys_->wake();
+        return;
+      }
       if (g_->size() - leaving >= g_->limit()) return;
       if (gate_) {
-        if (asking_) {  // it holds a slot and tries again
-          keys_->wake();
-          return;
-        }
         auto child = gate_->take();
         if (!child) {
           if (keys_->buffered() == 0) return;

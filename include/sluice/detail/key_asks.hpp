@@ -13,7 +13,8 @@
 // (try_take), with the grant (the task's ticket). If none, the owner calls
 // ask_ready(): one wait on the limit per ready key, at most one per key; a
 // wait that ends calls on_change (with the limit's error if it refused, e.g.
-// its shed bound), and the owner tries take() again. When take() hands out
+// its shed bound), and the owner tries take() again (at once, without
+// parking, when the wait ended inside ask_ready). When take() hands out
 // an item, and when the owner has no free slot (withdraw()), the other waits
 // are withdrawn: cancelled (a grant racing the cancellation is handed on by
 // the limit) and grants already in hand dropped, which gives them back. So a
@@ -59,6 +60,15 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
   key_asks(std::shared_ptr<State> st, Limit& l, std::function<void(std::exception_ptr)> on_change)
       : st_(std::move(st)), limit_(&l), on_change_(std::move(on_change)) {}
 
+  // Before the first take: the limit learns the fan-out's executor (its
+  // clock; keyed_limit_traits::bind). Once; throws what the limit throws.
+  template <class Executor>
+  void bind(const Executor& ex) {
+    if (bound_) return;
+    traits::bind(*limit_, asio::any_io_executor(ex));
+    bound_ = true;
+  }
+
   // The head item of the first ready key whose grant is in hand or free.
   std::optional<taken> take() {
     std::optional<grant> g;
@@ -78,8 +88,11 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
     return std::nullopt;
   }
 
-  // One wait on the limit for every ready key that has none.
-  void ask_ready(const asio::any_io_executor& ex) {
+  // One wait on the limit for every ready key that has none. True if a wait
+  // ended inside (a limit that answers without suspending: its on_change
+  // came before the owner parked): the owner tries again instead of parking.
+  bool ask_ready(const asio::any_io_executor& ex) {
+    const std::size_t ended = ended_;
     if (set_->running() == 0 && set_->size() >= 64)
       set_ = std::make_shared<child_set>();  // finished slots go
     st_->find_ready([&](const key_type& k) {
@@ -90,6 +103,7 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
       }
       return false;
     });
+    return ended_ != ended;
   }
 
   // Cancels every live wait and drops the grants in hand.
@@ -151,6 +165,7 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
     } catch (...) {
       error = std::current_exception();
     }
+    ++self->ended_;
     auto a = self->asks_.find(k);  // there: a live wait's entry is kept
     a->second.live = false;
     const bool withdrawn = a->second.withdrawn;
@@ -167,6 +182,8 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
   std::function<void(std::exception_ptr)> on_change_;
   std::unordered_map<key_type, ask, typename State::hash_type> asks_;
   std::shared_ptr<child_set> set_ = std::make_shared<child_set>();
+  std::size_t ended_ = 0;  // waits ended so far
+  bool bound_ = false;     // bind() done
 };
 
 }  // namespace sluice::detail
