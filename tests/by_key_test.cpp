@@ -5,6 +5,8 @@
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/keyed_task_group.hpp>
+#include <sluice/progress.hpp>
+#include <sluice/stop_source.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
@@ -19,6 +21,7 @@
 #include <support/spawned.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <map>
@@ -609,6 +612,129 @@ nanoseconds reference_makespan(const std::vector<job>& in, std::size_t limit, st
 }
 
 }  // namespace
+
+namespace {
+
+// A progress report: at (ms), started, done, failed, in flight, waiting.
+using report_row = std::array<std::size_t, 6>;
+
+auto record_rows(std::vector<report_row>& rows) {
+  return sluice::progress(
+      [&rows](const sluice::progress_info& p) {
+        rows.push_back(
+            {static_cast<std::size_t>(std::chrono::duration_cast<milliseconds>(p.elapsed).count()),
+             p.started, p.done, p.failed, p.in_flight, p.waiting});
+      },
+      500ms);
+}
+
+}  // namespace
+
+TEST_CASE("a keyed task group stopped from outside drops what waits and gives the running a grace",
+          "[by_key]") {
+  // 2 at once, 1 per key, aabc of 300 ms: a0 and b2 run, a1 waits for its
+  // key, c3 for a slot. The stop at 100 ms (grace 150 ms) drops a1 and c3
+  // unstarted, refuses spawn, cancels the body, and cancels a0 and b2 at
+  // 250 ms; run returns normally. Progress counts the two cancelled as
+  // failed, not the two unstarted.
+  virtual_loop loop;
+  trace t;
+  sluice::stop_source stop;
+  std::vector<report_row> rows;
+  char_group* group = nullptr;
+  bool body_cancelled = false, spawned_after = true;
+  auto body = [&](char_group& g) -> asio::awaitable<void> {
+    group = &g;
+    for (const job& j : jobs("aabc", 300ms)) g.spawn(j.key, child_work(loop, t, j));
+    try {
+      co_await sluice::sleep(1h);
+    } catch (const sluice::system_error&) {
+      body_cancelled = true;
+      throw;
+    }
+  };
+  auto stopper = [&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(100ms);
+    CHECK(group->waiting() == 2);
+    stop.request(150ms);
+    CHECK(group->waiting() == 0);
+    CHECK(group->stopping());
+    spawned_after = group->spawn('d', child_work(loop, t, {'d', 1ms, 9}));
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::gather(char_group::run(2, 1, body, stop, record_rows(rows)), stopper());
+  });
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 0ms}, {2, 0ms}});
+  CHECK(t.cancelled == 2);
+  CHECK(body_cancelled);
+  CHECK_FALSE(spawned_after);
+  CHECK(loop.now() == 250ms);
+  CHECK(rows == std::vector<report_row>{{250, 2, 0, 2, 0, 0}});
+}
+
+TEST_CASE("a keyed task group on a keyed limit, stopped, withdraws its waits at once", "[by_key]") {
+  // 2 at once, a keyed_semaphore of 1 per host that another caller holds
+  // from 0 to 500 ms: a0 and a1 wait for a's permit, the group's asking slot
+  // asks for it. The stop at 100 ms, with a grace of an hour, drops them and
+  // withdraws the wait at once: run returns at 100 ms.
+  virtual_loop loop;
+  trace t;
+  sluice::stop_source stop;
+  sluice::keyed_semaphore<char> hosts{1};
+  nanoseconds returned{-1};
+  auto other = [&]() -> asio::awaitable<void> {
+    auto p = co_await hosts.scoped_acquire('a');
+    co_await sluice::sleep(500ms);
+  };
+  auto body = [&](char_group& g) -> asio::awaitable<void> {
+    for (const job& j : jobs("aa", 300ms)) g.spawn(j.key, child_work(loop, t, j));
+    co_return;
+  };
+  auto group = [&]() -> asio::awaitable<void> {
+    co_await char_group::run(2, hosts, body, stop);
+    returned = loop.now();
+  };
+  auto stopper = [&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(100ms);
+    CHECK(hosts.waiters('a') == 1);
+    stop.request(1h);
+  };
+  loop.run(
+      [&]() -> asio::awaitable<void> { co_await sluice::gather(other(), group(), stopper()); });
+  CHECK(t.starts.empty());
+  CHECK(returned == 100ms);
+  CHECK(loop.now() == 500ms);
+  CHECK(hosts.keys() == 0);
+}
+
+TEST_CASE("progress of a keyed task group counts the children, with those waiting for their key",
+          "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  std::vector<report_row> rows;
+  SECTION("per_key 1, 2 at once, aaab: a1 and a2 wait for a's room") {
+    loop.run(char_group::run(
+        2, 1,
+        [&](char_group& g) -> asio::awaitable<void> {
+          for (const job& j : jobs("aaab", 1s)) g.spawn(j.key, child_work(loop, t, j));
+          co_return;
+        },
+        record_rows(rows)));
+    CHECK(rows == std::vector<report_row>{
+                      {1000, 3, 1, 0, 2, 1}, {2000, 4, 3, 0, 1, 0}, {3000, 4, 4, 0, 0, 0}});
+  }
+  SECTION("a keyed_semaphore of 1, 2 at once, aab: the asking slot is no child") {
+    sluice::keyed_semaphore<char> hosts{1};
+    loop.run(char_group::run(
+        2, hosts,
+        [&](char_group& g) -> asio::awaitable<void> {
+          for (const job& j : jobs("aab", 1s)) g.spawn(j.key, child_work(loop, t, j));
+          co_return;
+        },
+        record_rows(rows)));
+    CHECK(rows == std::vector<report_row>{{1000, 3, 1, 0, 2, 0}, {2000, 3, 3, 0, 0, 0}});
+  }
+}
 
 TEST_CASE("seeded runs keep the caps, per-key FIFO and the reference schedule's makespan",
           "[by_key]") {

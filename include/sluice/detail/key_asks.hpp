@@ -186,6 +186,44 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
   bool bound_ = false;     // bind() done
 };
 
+// keyed_task_group's waits on a keyed limit the caller owns
+// (run(limit, keyed, ...)), type-erased so that the group's type does not
+// name the limit.
+struct key_gate {
+  virtual ~key_gate() = default;
+  // A waiting child whose grant is in hand or free, wrapped to hold it.
+  virtual std::optional<asio::awaitable<void>> take() = 0;
+  // True if a wait ended already (see key_asks::ask_ready).
+  virtual bool ask(const asio::any_io_executor& ex) = 0;
+  virtual void withdraw() = 0;
+  virtual asio::awaitable<void> join(asio::any_io_executor ex) = 0;
+};
+
+template <class State, class Limit>
+struct key_gate_for final : key_gate {
+  using asks = key_asks<State, Limit>;
+  // The limit bound to `ex`'s clock (key_asks::bind).
+  key_gate_for(std::shared_ptr<State> st, Limit& l,
+               std::function<void(std::exception_ptr)> on_change, const asio::any_io_executor& ex)
+      : a(std::make_shared<asks>(std::move(st), l, std::move(on_change))) {
+    a->bind(ex);
+  }
+  std::optional<asio::awaitable<void>> take() override {
+    auto t = a->take();
+    if (!t) return std::nullopt;
+    return holding(std::move(t->first), std::move(t->second));
+  }
+  bool ask(const asio::any_io_executor& ex) override { return a->ask_ready(ex); }
+  void withdraw() override { a->withdraw(); }
+  asio::awaitable<void> join(asio::any_io_executor ex) override { return a->join(ex); }
+  // The child, holding its grant for its run (a rate start is spent now).
+  static asio::awaitable<void> holding(typename asks::grant g, asio::awaitable<void> child) {
+    if constexpr (requires { g.spend(); }) g.spend();
+    co_await std::move(child);
+  }
+  std::shared_ptr<asks> a;
+};
+
 }  // namespace sluice::detail
 
 #endif  // SLUICE_DETAIL_KEY_ASKS_HPP
