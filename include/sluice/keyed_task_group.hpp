@@ -158,33 +158,31 @@ class keyed_task_group : private detail::stop_listener {
   ///       co_return;
   ///     });
   /// @endcode
-  template <class Limit, keyed_task_group_body<Key, Hash> Body>
-  requires detail::keyed_limit_traits<Limit>::valid &&
-      std::same_as<typename detail::keyed_limit_traits<Limit>::key_type, Key>
+  template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
                                                  by_key_options o = {}) {
     check(limit == 0 || o.buffer == 0, "limit and buffer");
     return run_limited(limit, keyed, std::move(body), o, nullptr, nullptr);
   }
   /// As above, stopped gracefully by `stop` (see the class comment).
-  template <class Limit, keyed_task_group_body<Key, Hash> Body>
-  requires detail::keyed_limit_traits<Limit>::valid [[nodiscard]] static asio::awaitable<void> run(
-      std::size_t limit, Limit& keyed, Body body, stop_source& stop, by_key_options o = {}) {
+  template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
+                                                 stop_source& stop, by_key_options o = {}) {
     check(limit == 0 || o.buffer == 0, "limit and buffer");
     return run_limited(limit, keyed, std::move(body), o, &stop, nullptr);
   }
   /// As above, with progress reports on the children (see the class comment).
-  template <class Limit, keyed_task_group_body<Key, Hash> Body, class F>
-  requires detail::keyed_limit_traits<Limit>::valid [[nodiscard]] static asio::awaitable<void> run(
-      std::size_t limit, Limit& keyed, Body body, progress<F> report, by_key_options o = {}) {
+  template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body, class F>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
+                                                 progress<F> report, by_key_options o = {}) {
     check(limit == 0 || o.buffer == 0, "limit and buffer");
     return run_limited(limit, keyed, std::move(body), o, nullptr, hooks(std::move(report)));
   }
   /// As above, stopped by `stop`, with progress reports.
-  template <class Limit, keyed_task_group_body<Key, Hash> Body, class F>
-  requires detail::keyed_limit_traits<Limit>::valid [[nodiscard]] static asio::awaitable<void> run(
-      std::size_t limit, Limit& keyed, Body body, stop_source& stop, progress<F> report,
-      by_key_options o = {}) {
+  template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body, class F>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
+                                                 stop_source& stop, progress<F> report,
+                                                 by_key_options o = {}) {
     check(limit == 0 || o.buffer == 0, "limit and buffer");
     return run_limited(limit, keyed, std::move(body), o, &stop, hooks(std::move(report)));
   }

@@ -25,6 +25,7 @@
 #include <sluice/detail/asio.hpp>
 
 #include <chrono>
+#include <concepts>
 #include <optional>
 #include <utility>
 
@@ -122,6 +123,11 @@ struct keyed_limit_traits<keyed_rate_limiter<K, H, E>> {
     co_return grant(l, std::move(key), at);
   }
 };
+
+// A keyed limit whose key type is K (keyed_task_group<K>::run's).
+template <class L, class K>
+concept keyed_limit_of =
+    keyed_limit_traits<L>::valid && std::same_as<typename keyed_limit_traits<L>::key_type, K>;
 
 }  // namespace sluice::detail
 
