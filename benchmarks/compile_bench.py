@@ -18,6 +18,12 @@ the ratio of each sluice TU to its Asio-only twin:
                  for_each(map_unordered), each from its own header,
                  against asio_fanout (the same 10 tasks awaited in a loop); target <= 1.5x
 
+Each sluice TU is compiled twice: header-only (the default) and, as
+`<name>+sep`, with SLUICE_SEPARATE_COMPILATION (sluice's type-independent
+machinery compiled once per program, by <sluice/src.hpp>, instead of in every
+TU). The once-per-program TU is measured too (`sluice_src`, no ratio), and
+the targets are checked on both.
+
 --rows measures only the named rows (a row is a sluice TU and its Asio-only
 twin: `--rows fanout` compiles sluice_fanout and asio_fanout); --tus names TUs
 one by one. The default (every row, both compilers, both levels, 3 rounds) is
@@ -46,6 +52,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TUS = os.path.join(ROOT, "benchmarks", "compile")
 # (sluice TU, its Asio-only baseline, target ratio)
 PAIRS = [("sluice_empty", "asio_empty", 1.25), ("sluice_fanout", "asio_fanout", 1.5)]
+SEP = "+sep"  # a sluice TU compiled with SLUICE_SEPARATE_COMPILATION
+PAIRS = PAIRS + [(s + SEP, b, t) for s, b, t in PAIRS]
+SRC = "sluice_src"  # <sluice/src.hpp>: compiled once per program in that mode
 # What the sluice::sluice target defines for a consumer (clang with libstdc++ needs
 # the two for Asio 1.22's coroutines; sluice/config.hpp would define them too).
 FLAGS = ["-std=c++20", "-DASIO_HAS_CO_AWAIT=1", "-DASIO_HAS_STD_COROUTINE=1"]
@@ -85,9 +94,11 @@ def main():
         if unknown:
             sys.exit(f"unknown row(s) {unknown}: the rows are "
                      + ", ".join(p[0][len("sluice_"):] for p in PAIRS))
-        tus = [t for p in PAIRS if p[0][len("sluice_"):] in rows for t in p[:2]]
+        tus = [t for p in PAIRS if p[0][len("sluice_"):].removesuffix(SEP) in rows
+               for t in p[:2]]
     else:
-        tus = a.tus.split(",") if a.tus else [t for p in PAIRS for t in p[:2]]
+        tus = a.tus.split(",") if a.tus else [t for p in PAIRS for t in p[:2]] + [SRC]
+    tus = list(dict.fromkeys(tus))
     includes = {t: a.include for t in tus}
     if a.against:
         for t in [t for t in tus if t.startswith("sluice_")]:
@@ -102,8 +113,13 @@ def main():
         order = cells[:]
         rng.shuffle(order)
         for c, o, t in order:
-            src = os.path.join(TUS, t.split("@")[0] + ".cpp")
-            cmd = [c, *FLAGS, "-I" + includes[t], o, "-c", src, "-o", out]
+            name = t.split("@")[0]
+            extra = []
+            if name.endswith(SEP) or name == SRC:
+                extra = ["-DSLUICE_SEPARATE_COMPILATION"]
+                name = name.removesuffix(SEP)
+            src = os.path.join(TUS, name + ".cpp")
+            cmd = [c, *FLAGS, *extra, "-I" + includes[t], o, "-c", src, "-o", out]
             samples[(c, o, t)].append(cpu_seconds(cmd))
         print(f"round {r + 1}/{a.rounds} done ({time.monotonic() - start:.0f} s)", file=sys.stderr)
         if a.json:  # after every round: an interrupted run keeps what it measured

@@ -24,6 +24,14 @@
 ///   the loop runs (aborts with a message naming the primitive; see
 ///   `sluice::semaphore`). Defaults to 1 when `NDEBUG` is not defined, 0
 ///   otherwise, which compiles the checks out entirely.
+/// - `SLUICE_SEPARATE_COMPILATION`: define it in every translation unit of a
+///   program (the `sluice::separate` CMake target does) to compile sluice's
+///   type-independent machinery once instead of in every translation unit
+///   that uses it, as `ASIO_SEPARATE_COMPILATION` does for Asio's: exactly
+///   one translation unit includes `<sluice/src.hpp>` (the target builds it),
+///   compiled with the same macros (Asio backend, `NDEBUG`,
+///   `SLUICE_AFFINITY_CHECKS`) as the rest. Without it (the default) sluice is
+///   header-only. See docs/performance.md, "Compile cost".
 
 #if defined(SLUICE_USE_BOOST_ASIO)
 // ---- Boost.Asio backend -------------------------------------------------
@@ -117,6 +125,21 @@ using error_category = std::error_category;
 /// without `NDEBUG`); 0 compiles the checks out. See the file comment.
 #define SLUICE_AFFINITY_CHECKS 1
 #endif
+#endif
+
+// Separate compilation (see the file comment). SLUICE_DECL marks a function
+// compiled once by <sluice/src.hpp> when SLUICE_SEPARATE_COMPILATION is
+// defined, inline in every user otherwise; SLUICE_HEADER_DEFS says whether a
+// header shows the definitions (its impl/*.ipp) to this translation unit.
+#if defined(SLUICE_SEPARATE_COMPILATION)
+#define SLUICE_DECL
+#else
+#define SLUICE_DECL inline
+#endif
+#if !defined(SLUICE_SEPARATE_COMPILATION) || defined(SLUICE_SOURCE)
+#define SLUICE_HEADER_DEFS 1
+#else
+#define SLUICE_HEADER_DEFS 0
 #endif
 
 #endif  // SLUICE_CONFIG_HPP

@@ -10,7 +10,6 @@
 
 #include <sluice/detail/asio.hpp>
 
-#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <limits>

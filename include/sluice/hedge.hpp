@@ -114,7 +114,7 @@ class hedge_core {
 // attempt that succeeded; every other child is then cancelled.
 template <class T>
 struct hedge_race {
-  std::shared_ptr<child_set> children = std::make_shared<child_set>();
+  std::shared_ptr<child_set> children = child_set::make();
   std::optional<gather_value_t<T>> value;
   std::exception_ptr error[2];
   bool done[2] = {false, false};
@@ -178,8 +178,7 @@ class hedge_layer {
     co_await asio::this_coro::throw_if_cancelled(false);
     if (caller.cancelled() != asio::cancellation_type::none) children.cancel_from_parent();
     error_code ec;
-    auto join_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
-    co_await children.async_join(ex, join_token);
+    co_await children.join(ex, ec);
     co_await asio::this_coro::throw_if_cancelled(throw_before);
     if (ec) throw system_error(ec, "sluice::hedge");
     if (race->won) {

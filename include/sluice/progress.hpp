@@ -10,7 +10,6 @@
 
 #include <sluice/detail/asio.hpp>
 
-#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -271,7 +270,7 @@ class progress_tracker {
     info_.elapsed = t - t0_;
     std::size_t waiting = 0;
     for (const auto& l : limits_) waiting += l.waiters(l.limit);
-    info_.waiting_on_limits = std::min(waiting, info_.in_flight);
+    info_.waiting_on_limits = waiting < info_.in_flight ? waiting : info_.in_flight;
     reported_ = true;
     last_ = counts();
     try {

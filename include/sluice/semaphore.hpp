@@ -141,29 +141,19 @@ class semaphore {
   /// Throws `system_error(operation_aborted)` when cancelled (holding
   /// nothing).
   template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
-  [[nodiscard]] asio::awaitable<void> acquire() {
-    return core_.acquire();
-  }
+  [[nodiscard]] asio::awaitable<void> acquire();
 
   /// As `acquire()`, returning a `permit` that releases on destruction.
   template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
-  [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
-    return core_.acquire_held(
-        [this] { core_.release(""); },
-        [this](detail::clock::time_point since) { return permit(*this, since); });
-  }
+  [[nodiscard]] asio::awaitable<permit> scoped_acquire();
 
   /// Takes a permit if one is free and nobody waits; never suspends.
-  [[nodiscard]] bool try_acquire() { return core_.try_acquire(); }
+  [[nodiscard]] SLUICE_DECL bool try_acquire();
 
   /// Returns a permit: to the oldest waiter if any (resumed through a post),
   /// otherwise to the pool. `bounded_semaphore` throws `std::logic_error`
   /// instead of exceeding its initial value.
-  void release() {
-    core_.release(
-        "sluice::bounded_semaphore::release: released more often than acquired (the value "
-        "would exceed its initial value)");
-  }
+  SLUICE_DECL void release();
 
   /// Free permits now.
   [[nodiscard]] std::size_t value() const noexcept { return core_.value(); }
@@ -179,26 +169,25 @@ class semaphore {
   /// given back), `limit` (the initial value), the wait of every grant and
   /// the hold of every `permit`. O(buckets), allocates nothing. Read it on the
   /// semaphore's loop (or after the loop's threads were joined).
-  [[nodiscard]] sluice::stats stats() const noexcept { return core_.stats(); }
+  [[nodiscard]] SLUICE_DECL sluice::stats stats() const noexcept;
+
+  /// Destroys the semaphore; nothing may wait on it or hold a permit of it.
+  SLUICE_DECL ~semaphore();
 
  protected:
   /// For `bounded_semaphore`: `name` appears in diagnostics; `bounded` makes
   /// a release above `initial` throw; `shed` bounds the waiters.
-  semaphore(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex)
-      : core_(name, initial, bounded, std::move(ex)) {}
+  SLUICE_DECL semaphore(const char* name, std::size_t initial, bool bounded,
+                        asio::any_io_executor ex);
   /// As above, with a shedding bound (a constructor of its own: only a TU
   /// that passes `shed_options` compiles the bound's timer).
-  semaphore(const char* name, std::size_t initial, bool bounded, asio::any_io_executor ex,
-            const shed_options& shed)
-      : core_(name, initial, bounded, std::move(ex), shed) {}
+  SLUICE_DECL semaphore(const char* name, std::size_t initial, bool bounded,
+                        asio::any_io_executor ex, const shed_options& shed);
 
  private:
   friend permit;
   friend struct detail::budget_access;
-  void release_held(detail::clock::time_point since) {
-    core_.record_hold(since);
-    release();
-  }
+  SLUICE_DECL void release_held(detail::clock::time_point since);
 
   detail::permit_core core_;
 };
@@ -243,6 +232,27 @@ class bounded_semaphore : public semaphore {
                   asio::any_io_executor(ex), shed) {}
 };
 
+template <class>
+asio::awaitable<void> semaphore::acquire() {
+  return core_.acquire();
+}
+
+template <class>
+asio::awaitable<semaphore::permit> semaphore::scoped_acquire() {
+  return core_.acquire_held(
+      [this] { core_.release(""); },
+      [this](detail::clock::time_point since) { return permit(*this, since); });
+}
+
+#if defined(SLUICE_SEPARATE_COMPILATION)
+extern template asio::awaitable<void> semaphore::acquire<void>();
+extern template asio::awaitable<semaphore::permit> semaphore::scoped_acquire<void>();
+#endif
+
 }  // namespace sluice
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/semaphore.ipp>
+#endif
 
 #endif  // SLUICE_SEMAPHORE_HPP

@@ -8,6 +8,7 @@
 #include <sluice/detail/virtual_clock.hpp>
 
 #include <sluice/detail/asio.hpp>
+#include <sluice/detail/asio_timer.hpp>
 
 #include <chrono>
 

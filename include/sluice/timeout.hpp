@@ -118,7 +118,7 @@ asio::awaitable<void, Executor> run_until(asio::awaitable<void, Executor> body,
   if (caller.cancelled() != asio::cancellation_type::none)
     throw system_error(asio::error::operation_aborted, "sluice: cancelled before start");
   auto ex = co_await asio::this_coro::executor;
-  auto children = std::make_shared<child_set>();
+  auto children = child_set::make();
   children->spawn(ex, race_timer<Executor>(ex, deadline, children, st));
   children->spawn(ex, race_body<Executor>(std::move(body), children, st));
   // The join must run to the end even for a caller cancelled meanwhile. The

@@ -124,6 +124,10 @@ class child_set : public std::enable_shared_from_this<child_set> {
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
 
   child_set() = default;
+  // A new set. (The templates below are compiled once for Asio's default
+  // executor with SLUICE_SEPARATE_COMPILATION: extern template, src.hpp.)
+  template <class = void>
+  static std::shared_ptr<child_set> make();
 
   child_set(const child_set&) = delete;
   child_set& operator=(const child_set&) = delete;
@@ -142,13 +146,7 @@ class child_set : public std::enable_shared_from_this<child_set> {
 
   // Starts a child on `ex`; returns its index.
   template <class Executor>
-  std::size_t spawn(const Executor& ex, asio::awaitable<void, Executor> child) {
-    const std::size_t i = slots_.size();
-    slots_.emplace_back();
-    ++running_;
-    asio::co_spawn(ex, std::move(child), done_handler{shared_from_this(), &slots_[i], i});
-    return i;
-  }
+  std::size_t spawn(const Executor& ex, asio::awaitable<void, Executor> child);
 
   // Requests cancellation of child i if it is running.
   void cancel(std::size_t i, asio::cancellation_type type = asio::cancellation_type::terminal) {
@@ -157,13 +155,8 @@ class child_set : public std::enable_shared_from_this<child_set> {
 
   // Stops the set: stopping() becomes true and every running child except
   // `except` gets `type` (none: stop without cancelling anyone).
-  void cancel_all(std::size_t except = none,
-                  asio::cancellation_type type = asio::cancellation_type::terminal) {
-    stopping_ = true;
-    if (type == asio::cancellation_type::none) return;
-    for (std::size_t i = 0; i < slots_.size(); ++i)
-      if (i != except) cancel(i, type);
-  }
+  SLUICE_DECL void cancel_all(std::size_t except = none,
+                              asio::cancellation_type type = asio::cancellation_type::terminal);
 
   // The joining parent was cancelled: parent_cancelled() becomes true and every
   // running child is cancelled (terminal); the join completes with
@@ -197,6 +190,11 @@ class child_set : public std::enable_shared_from_this<child_set> {
         token);
   }
 
+  // async_join() through `redirect_error(use_awaitable, ec)`: the join of
+  // a coroutine, `ec` set instead of thrown.
+  template <class Executor>
+  asio::awaitable<void, Executor> join(const Executor& ex, error_code& ec);
+
  private:
   // The child's completion handler; its cancellation slot is the child's
   // storage. The slot is a member, not an asio::bind_cancellation_slot
@@ -212,14 +210,7 @@ class child_set : public std::enable_shared_from_this<child_set> {
     void operator()(std::exception_ptr e) const { self->on_done(i, std::move(e)); }
   };
 
-  void on_done(std::size_t i, std::exception_ptr e) {
-    slots_[i].clear();
-    if (e && !escaped_) escaped_ = std::move(e);
-    if (--running_ == 0 && joiner_) {
-      joiner_.complete(parent_cancelled_ ? error_code(asio::error::operation_aborted)
-                                         : error_code());
-    }
-  }
+  SLUICE_DECL void on_done(std::size_t i, std::exception_ptr e);
 
   std::deque<child_slot_storage> slots_;
   std::size_t running_ = 0;
@@ -229,6 +220,35 @@ class child_set : public std::enable_shared_from_this<child_set> {
   loop_held_handler<error_code> joiner_;  // let go if its loop dies first
 };
 
+template <class>
+std::shared_ptr<child_set> child_set::make() {
+  return std::make_shared<child_set>();
+}
+
+template <class Executor>
+std::size_t child_set::spawn(const Executor& ex, asio::awaitable<void, Executor> child) {
+  const std::size_t i = slots_.size();
+  slots_.emplace_back();
+  ++running_;
+  asio::co_spawn(ex, std::move(child), done_handler{shared_from_this(), &slots_[i], i});
+  return i;
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> child_set::join(const Executor& ex, error_code& ec) {
+  return async_join(ex, asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
+}
+
+#if defined(SLUICE_SEPARATE_COMPILATION)
+extern template std::shared_ptr<child_set> child_set::make<void>();
+extern template std::size_t child_set::spawn(const asio::any_io_executor&, asio::awaitable<void>);
+extern template asio::awaitable<void> child_set::join(const asio::any_io_executor&, error_code&);
+#endif
+
 }  // namespace sluice::detail
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/child_set.ipp>
+#endif
 
 #endif  // SLUICE_DETAIL_CHILD_SET_HPP

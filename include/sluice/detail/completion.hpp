@@ -180,6 +180,16 @@ class erased_handler {
   owner impl_;
 };
 
+// The completion handler of a coroutine awaiting an operation of signature
+// `Sig` (asio::use_awaitable on Asio's default executor): what sluice
+// compiles once for it with SLUICE_SEPARATE_COMPILATION.
+template <class Sig>
+using awaitable_handler_t = typename asio::async_result<asio::use_awaitable_t<>, Sig>::handler_type;
+
+#if defined(SLUICE_SEPARATE_COMPILATION)
+extern template class erased_handler<>;
+#endif
+
 // Completes `handler` with `args` through its associated executor (falling back
 // to `fallback`), never inline: the caller may be inside release()/notify().
 // The handler's cancellation slot is cleared first, as Asio requires of an

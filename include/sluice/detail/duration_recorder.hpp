@@ -8,7 +8,6 @@
 
 #include <sluice/stats.hpp>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -65,7 +64,7 @@ inline std::uint64_t stats_load(const std::atomic<std::uint64_t>& c) noexcept {
   return c.load(std::memory_order_relaxed);
 }
 inline void stats_lower(std::uint64_t& c, std::uint64_t v) noexcept {
-  c = std::min(c, v);
+  if (v < c) c = v;
 }
 inline void stats_lower(std::atomic<std::uint64_t>& c, std::uint64_t v) noexcept {
   auto cur = c.load(std::memory_order_relaxed);
@@ -73,7 +72,7 @@ inline void stats_lower(std::atomic<std::uint64_t>& c, std::uint64_t v) noexcept
   }
 }
 inline void stats_raise(std::uint64_t& c, std::uint64_t v) noexcept {
-  c = std::max(c, v);
+  if (v > c) c = v;
 }
 inline void stats_raise(std::atomic<std::uint64_t>& c, std::uint64_t v) noexcept {
   auto cur = c.load(std::memory_order_relaxed);
@@ -112,7 +111,8 @@ class duration_recorder {
     s.min = std::chrono::nanoseconds(static_cast<std::int64_t>(lo));
     s.max = std::chrono::nanoseconds(static_cast<std::int64_t>(hi));
     auto quantile = [&](std::uint64_t percent) {
-      const std::uint64_t rank = std::max<std::uint64_t>(1, (s.count * percent + 99) / 100);
+      const std::uint64_t ceil = (s.count * percent + 99) / 100;
+      const std::uint64_t rank = ceil == 0 ? 1 : ceil;
       std::uint64_t seen = zeros;
       std::uint64_t v = hi;  // if a concurrent record() left the buckets short
       for (std::size_t i = 0; i < stats_buckets; ++i) {
@@ -122,7 +122,8 @@ class duration_recorder {
           break;
         }
       }
-      return std::chrono::nanoseconds(static_cast<std::int64_t>(std::clamp(v, lo, hi)));
+      v = v < lo ? lo : (v > hi ? hi : v);  // clamp (lo <= hi)
+      return std::chrono::nanoseconds(static_cast<std::int64_t>(v));
     };
     s.p50 = quantile(50);
     s.p99 = quantile(99);

@@ -15,7 +15,6 @@
 
 #include <sluice/detail/asio.hpp>
 
-#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <limits>
@@ -65,9 +64,7 @@ struct gather_state {
 
   template <class... P>
   explicit gather_state(R&& r, P&&... p)
-      : input(std::forward<R>(r)),
-        children(std::make_shared<child_set>()),
-        progress(std::forward<P>(p)...) {}
+      : input(std::forward<R>(r)), children(child_set::make()), progress(std::forward<P>(p)...) {}
 
   void fail(std::exception_ptr e, std::size_t worker) {
     if (!first_error && !children->parent_cancelled()) first_error = std::move(e);
@@ -189,11 +186,8 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   const bool throw_before = co_await asio::this_coro::throw_if_cancelled();
   co_await asio::this_coro::throw_if_cancelled(false);
   if (caller.cancelled() != asio::cancellation_type::none) s->children->cancel_from_parent();
-  // The token is a named local: g++ 12 may destroy a co_await operand's
-  // brace-initialised temporaries twice.
   error_code ec;
-  auto join_token = asio::redirect_error(asio::use_awaitable_t<executor_type>(), ec);
-  co_await s->children->async_join(ex, join_token);
+  co_await s->children->join(ex, ec);
   co_await asio::this_coro::throw_if_cancelled(throw_before);
   s->progress.finish();
   if (s->first_error) std::rethrow_exception(s->first_error);

@@ -37,7 +37,7 @@ class grace_period {
   // calls it (detail/lazy.hpp).
   template <class Executor>
   void start(const Executor& ex, asio::awaitable<void, Executor> timer) {
-    if (!timers_) timers_ = std::make_shared<child_set>();
+    if (!timers_) timers_ = child_set::make();
     timers_->spawn(ex, std::move(timer));
   }
 

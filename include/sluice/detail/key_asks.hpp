@@ -93,8 +93,7 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
   // came before the owner parked): the owner tries again instead of parking.
   bool ask_ready(const asio::any_io_executor& ex) {
     const std::size_t ended = ended_;
-    if (set_->running() == 0 && set_->size() >= 64)
-      set_ = std::make_shared<child_set>();  // finished slots go
+    if (set_->running() == 0 && set_->size() >= 64) set_ = child_set::make();  // finished slots go
     st_->find_ready([&](const key_type& k) {
       auto [a, made] = asks_.try_emplace(k);
       if (made) {
@@ -126,7 +125,7 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
   asio::awaitable<void, Executor> join(Executor ex) {
     withdraw();
     error_code ec;
-    co_await set_->async_join(ex, asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
+    co_await set_->join(ex, ec);
   }
 
  private:
@@ -181,7 +180,7 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
   Limit* limit_;
   std::function<void(std::exception_ptr)> on_change_;
   std::unordered_map<key_type, ask, typename State::hash_type> asks_;
-  std::shared_ptr<child_set> set_ = std::make_shared<child_set>();
+  std::shared_ptr<child_set> set_ = child_set::make();
   std::size_t ended_ = 0;  // waits ended so far
   bool bound_ = false;     // bind() done
 };

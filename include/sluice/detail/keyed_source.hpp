@@ -84,7 +84,7 @@ class keyed_source {
     shared(In&& in, KeyFn k) : input(std::forward<In>(in)), key(std::move(k)) {}
     input_type input;
     KeyFn key;
-    std::shared_ptr<child_set> pulls = std::make_shared<child_set>();  // the pull in progress
+    std::shared_ptr<child_set> pulls = child_set::make();  // the pull in progress
   };
 
  public:
@@ -162,8 +162,7 @@ class keyed_source {
     shared_->pulls->cancel_all();
     error_code ec;
     const Executor ex = co_await asio::this_coro::executor;
-    co_await shared_->pulls->async_join(
-        ex, asio::redirect_error(asio::use_awaitable_t<Executor>{}, ec));
+    co_await shared_->pulls->join(ex, ec);
     if constexpr (limited) co_await asks_->join(ex);
     if constexpr (is_async && !std::is_reference_v<In>) {
       if constexpr (requires(std::remove_reference_t<In> & s) {

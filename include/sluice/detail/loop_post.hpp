@@ -110,6 +110,19 @@ auto post_executor_for(const Executor& ex) {
   }
 }
 
+// post_executor_for()'s type. For Asio's default executor, named: prefer and
+// require keep an any_io_executor what it is, and a class that holds one
+// (loop_poster, stream_workers) is then instantiated without instantiating
+// Asio's property machinery for it.
+template <class Executor>
+struct post_executor {
+  using type = decltype(post_executor_for(std::declval<const Executor&>()));
+};
+template <>
+struct post_executor<asio::any_io_executor> {
+  using type = asio::any_io_executor;
+};
+
 // Many posts to one executor (a stream's), never deferred (see above): what
 // post_to() finds out about it, and post_executor_for(), made once.
 template <class Executor>
@@ -132,7 +145,7 @@ class loop_poster {
 
  private:
   std::optional<io_executor> io_;
-  decltype(post_executor_for(std::declval<const Executor&>())) ex_;
+  typename post_executor<Executor>::type ex_;
 };
 
 }  // namespace sluice::detail

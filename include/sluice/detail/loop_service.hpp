@@ -24,8 +24,8 @@
 #include <sluice/detail/asio.hpp>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -108,7 +108,8 @@ class loop_life {
   void hand_back(loop_hook& h) noexcept {
     link(head_, h);
     --expected_;
-    handed_back_.notify_all();
+    hand_backs_.fetch_add(1, std::memory_order_release);
+    hand_backs_.notify_all();
   }
 
   // The context is going away: detach every hook and run its on_end, until
@@ -126,7 +127,12 @@ class loop_life {
         h->on_end(h);
       }
       if (expected_ == 0) return;
-      handed_back_.wait(lock);
+      // Wait for a hand_back() (made under the lock: none is missed between
+      // the read and the wait).
+      const std::uint32_t seen = hand_backs_.load(std::memory_order_acquire);
+      lock.unlock();
+      hand_backs_.wait(seen, std::memory_order_acquire);
+      lock.lock();
     }
   }
 
@@ -147,7 +153,7 @@ class loop_life {
   }
 
   std::recursive_mutex mutex_;
-  std::condition_variable_any handed_back_;
+  std::atomic<std::uint32_t> hand_backs_{0};  // hand_back() calls, waited on by end()
   std::atomic<bool> ended_{false};
   loop_hook* first_ = nullptr;  // guarded by mutex_; ended before head_
   loop_hook* head_ = nullptr;   // guarded by mutex_
@@ -215,22 +221,7 @@ class loop_held_handler : private loop_hook {
 
   // Holds `h` (which completes on its associated executor, else `fallback`).
   template <class Handler, class Executor>
-  void hold(Handler&& h, const Executor& fallback) {
-    const auto ex = asio::get_associated_executor(h, fallback);
-    handler_ = erased_handler<Args...>(std::forward<Handler>(h), fallback);
-    if constexpr (loop_service::has_context<decltype(ex)>) {
-      auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
-      if (&ctx != ctx_ || !attached) {
-        detach();
-        life_ = loop_service::life_of(ctx);
-        ctx_ = &ctx;
-        life_->attach(*this);
-      }
-    } else {
-      detach();  // nothing to outlive: no context
-      ctx_ = nullptr;
-    }
-  }
+  void hold(Handler&& h, const Executor& fallback);
 
   explicit operator bool() const noexcept { return static_cast<bool>(handler_); }
 
@@ -261,6 +252,32 @@ class loop_held_handler : private loop_hook {
   std::shared_ptr<loop_life> life_;         // of ctx_ (kept between holds)
   asio::execution_context* ctx_ = nullptr;  // compared only, never dereferenced
 };
+
+// Out of the class (not inline): a coroutine's handler is held by code
+// compiled once with SLUICE_SEPARATE_COMPILATION.
+template <class... Args>
+template <class Handler, class Executor>
+void loop_held_handler<Args...>::hold(Handler&& h, const Executor& fallback) {
+  const auto ex = asio::get_associated_executor(h, fallback);
+  handler_ = erased_handler<Args...>(std::forward<Handler>(h), fallback);
+  if constexpr (loop_service::has_context<decltype(ex)>) {
+    auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
+    if (&ctx != ctx_ || !attached) {
+      detach();
+      life_ = loop_service::life_of(ctx);
+      ctx_ = &ctx;
+      life_->attach(*this);
+    }
+  } else {
+    detach();  // nothing to outlive: no context
+    ctx_ = nullptr;
+  }
+}
+
+#if defined(SLUICE_SEPARATE_COMPILATION)
+extern template void loop_held_handler<>::hold(awaitable_handler_t<void()>&&,
+                                               const asio::any_io_executor&);
+#endif
 
 }  // namespace sluice::detail
 

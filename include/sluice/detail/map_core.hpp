@@ -126,10 +126,8 @@ class map_core final
       // Start from a post, not inline in co_spawn: the spawning worker starts
       // its own task first, so tasks start in input order, and nothing runs
       // re-entrantly inside kick().
-      // (The executor is named: g++ 12 may destroy co_await temporaries twice.)
+      co_await c->hop();
       const executor_type ex = c->executor();
-      asio::use_awaitable_t<executor_type> token;
-      co_await asio::post(ex, token);
       c->worker_started();
       if constexpr (Progress::enabled) {
         if (!c->progress_.begun()) {

@@ -95,63 +95,20 @@ class rate_timer {
 
   // Arms for `t`: on the virtual clock `v`, or (v null) on a steady timer of
   // the context of `ex`, the executor of the waiter it wakes.
-  void arm(virtual_clock_service* v, const asio::any_io_executor& ex, clock::time_point t) {
-    if (v != nullptr) {
-      if (armed_ && at_ == t) return;
-      disarm();
-      vclock_ = v;
-      node_.deadline = t;
-      v->schedule(&node_);
-    } else {
-      auto& ctx = asio::query(ex, asio::execution::context_as<asio::execution_context&>);
-      if (real_ && real_->ctx != &ctx) let_go();  // the head waits on another loop now
-      if (armed_ && at_ == t) return;
-      vclock_ = nullptr;
-      if (!real_) real_ = std::make_shared<real_state>(this, ex, ctx);
-      real_->timer.expires_at(t);  // cancels a pending wait (stale by its generation)
-      real_->timer.async_wait([s = real_, g = ++real_->generation](const error_code&) {
-        if (s->owner == nullptr || s->generation != g) return;
-        s->owner->armed_ = false;
-        s->owner->fn_(s->owner->context_);
-      });
-    }
-    armed_ = true;
-    at_ = t;
-  }
+  SLUICE_DECL void arm(virtual_clock_service* v, const asio::any_io_executor& ex,
+                       clock::time_point t);
 
   // Stops a pending firing and lets go of the steady timer.
-  void disarm() noexcept {
-    if (armed_ && vclock_ != nullptr) {
-      // Not in the heap any more if the clock was shut down (the loop died).
-      if (node_.heap_index != virtual_timer_node::npos) vclock_->cancel(&node_);
-    }
-    armed_ = false;
-    let_go();
-  }
+  SLUICE_DECL void disarm() noexcept;
 
  private:
   struct node : virtual_timer_node {
     rate_timer* owner = nullptr;
   };
-  struct real_state {
-    real_state(rate_timer* o, const asio::any_io_executor& ex, asio::execution_context& c)
-        : owner(o), ctx(&c), timer(ex) {}
-    rate_timer* owner;
-    asio::execution_context* ctx;
-    asio::steady_timer timer;
-    std::uint64_t generation = 0;
-  };
+  struct real_state;  // the steady timer (impl/rate_clock.ipp)
 
   // Drops the steady timer; a pending wait completes (aborted) to nobody.
-  void let_go() noexcept {
-    if (!real_) return;
-    real_->owner = nullptr;
-    if (armed_) {
-      armed_ = false;
-      real_->timer.cancel();
-    }
-    real_.reset();
-  }
+  SLUICE_DECL void let_go() noexcept;
 
   static void fire_virtual(virtual_timer_node* n, bool invoke, error_code) {
     rate_timer* self = static_cast<node*>(n)->owner;
@@ -169,5 +126,9 @@ class rate_timer {
 };
 
 }  // namespace sluice::detail
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/rate_clock.ipp>
+#endif
 
 #endif  // SLUICE_DETAIL_RATE_CLOCK_HPP

@@ -33,6 +33,7 @@ namespace sluice::detail {
 template <class T, class Executor>
 class stream_core : public stream_delivery<T, Executor> {
   using delivery = stream_delivery<T, Executor>;
+  using workers = stream_workers<Executor>;
 
  public:
   using value_type = T;
@@ -144,10 +145,7 @@ class stream_core : public stream_delivery<T, Executor> {
           c->abandon();
           throw system_error(asio::error::operation_aborted, "sluice::stream::next");
         }
-        c->ex_.emplace(co_await asio::this_coro::executor);
-        c->poster_.emplace(*c->ex_);
-        c->started_ = true;
-        c->spawn();
+        c->start(co_await asio::this_coro::executor);
       }
     }
     error_code ec;
@@ -165,7 +163,7 @@ class stream_core : public stream_delivery<T, Executor> {
     if (c->stopping_ && !c->input_shut_) {
       const bool was = co_await asio::this_coro::throw_if_cancelled();
       co_await asio::this_coro::throw_if_cancelled(false);
-      co_await shut_input(c);
+      co_await workers::shut_input(c);
       co_await asio::this_coro::throw_if_cancelled(was);
     }
     if (ec) throw system_error(ec, "sluice::stream::next");
@@ -180,40 +178,12 @@ class stream_core : public stream_delivery<T, Executor> {
   // waits is reported (operation_aborted, after the wait).
   // `c` null (a stream without a core): returns at once.
   static asio::awaitable<void, Executor> close(std::shared_ptr<stream_core> c) {
-    if (!c) co_return;
-    c->abandon();
-    auto ex = co_await asio::this_coro::executor;
-    const bool was = co_await asio::this_coro::throw_if_cancelled();
-    co_await asio::this_coro::throw_if_cancelled(false);
-    error_code ec;
-    auto join_token = asio::redirect_error(asio::use_awaitable_t<Executor>(), ec);
-    co_await c->children_->async_join(ex, join_token);
-    if (!c->input_shut_) co_await shut_input(c);
-    co_await asio::this_coro::throw_if_cancelled(was);
-    if (ec) throw system_error(ec, "sluice::stream::close");
+    return workers::close_stream(std::move(c));
   }
-
- protected:
-  // Closes an owned async source that has close(); nothing otherwise.
-  virtual asio::awaitable<void, Executor> close_input() { co_return; }
 
  private:
-  // Closes the owned input once (close_input: cancels an upstream stage and
-  // waits for it). The callers turn throw_if_cancelled off around it: a
-  // cancelled consumer must not leave the upstream running either. An error
-  // of the close itself (only its own cancellation) is not the stream's.
-  static asio::awaitable<void, Executor> shut_input(std::shared_ptr<stream_core> c) {
-    c->input_shut_ = true;
-    try {
-      auto closing = c->close_input();
-      co_await std::move(closing);
-    } catch (...) {
-    }
-  }
-
   std::shared_ptr<stream_core> self_;  // see next_ref
   std::size_t next_refs_ = 0;
-  bool input_shut_ = false;
 };
 
 }  // namespace sluice::detail

@@ -75,7 +75,7 @@ class stream_delivery : public stream_workers<Executor>,
   // results dropped (and a failure not yet reported too, unless keep_error:
   // a cancelled consumer still gets it from a later next()). The destructor
   // of a stream and close() call it.
-  void abandon(bool keep_error = false) {
+  void abandon(bool keep_error = false) final {
     stop();
     buffer_.clear();
     if (!keep_error) error_ = nullptr;
@@ -88,6 +88,9 @@ class stream_delivery : public stream_workers<Executor>,
   ~stream_delivery() = default;
 
   using workers::children_;
+  using workers::consumer_;
+  using workers::consumer_aborted_;
+  using workers::consumer_on_ex_;
   using workers::deferring_kicks_;
   using workers::ending_;
   using workers::ex_;
@@ -187,7 +190,9 @@ class stream_delivery : public stream_workers<Executor>,
     sink_declined(self, value, v);
   }
   [[gnu::noinline]] void post_release() {
-    post([self = this->shared_from_this()] { self->release_taken(); });
+    this->post_call(this->shared_from_this(), [](workers& w, erased_handler<>&) {
+      static_cast<stream_delivery&>(w).release_taken();
+    });
   }
   [[gnu::noinline]] void sink_declined(std::size_t self, T& value, typename sink::verdict v) {
     if (v == sink::verdict::refused) {
@@ -226,38 +231,25 @@ class stream_delivery : public stream_workers<Executor>,
   // operation_aborted once every worker has left (consumer_aborted_, read
   // when it resumes: no error_code through the handler, whose redirect_error
   // wrapper costs an initiation and a handler of its own per wave).
-  auto async_wait(bool cancel_now) {
-    return asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
-        [this, cancel_now](auto handler) {
-          auto slot = asio::get_associated_cancellation_slot(handler);
-          if (slot.is_connected() && !cancel_now) {
-            slot.assign([this](asio::cancellation_type type) {
-              if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
-                           asio::cancellation_type::total)) == asio::cancellation_type::none)
-                return;
-              cancel_consumer();
-            });
-          }
-          // A consumer on another executor than the workers' (a stream moved
-          // to another strand) is completed by a post of its own.
-          consumer_on_ex_ = asio::get_associated_executor(handler, *ex_) == *ex_;
-          consumer_aborted_ = false;
-          consumer_.hold(std::move(handler), *ex_);
-          // The sink (if any) takes results while this consumer waits: it
-          // runs on the workers' executor, the buffer is empty (next() found
-          // nothing), nothing stopped. Every way the wait ends clears it.
-          if (consumer_on_ex_ && !stopping_ && !cancel_now) sink_ = wanted_sink_;
-          if (cancel_now) cancel_consumer();
-        },
-        asio::use_awaitable_t<Executor>{});
+  asio::awaitable<void, Executor> async_wait(bool cancel_now) {
+    return this->consumer_wait(cancel_now);
   }
 
-  void cancel_consumer() {
+  // consumer_wait()'s: the sink (if any) takes results while this consumer
+  // waits: it runs on the workers' executor, the buffer is empty (next()
+  // found nothing), nothing stopped. Every way the wait ends clears it.
+  void consumer_waiting(bool cancel_now) final {
+    if (consumer_on_ex_ && !stopping_ && !cancel_now) sink_ = wanted_sink_;
+  }
+
+  void cancel_consumer() final {
     if (consumer_cancelled_) return;
     consumer_cancelled_ = true;
     abandon(true);
     // Never complete from inside the slot's own handler (or the initiation).
-    asio::post(*ex_, [self = this->shared_from_this()] { self->notify_consumer(); });
+    this->post_call(this->shared_from_this(), [](workers& w, erased_handler<>&) {
+      static_cast<stream_delivery&>(w).notify_consumer();
+    });
   }
 
   [[gnu::always_inline]] void notify_consumer() {
@@ -288,20 +280,15 @@ class stream_delivery : public stream_workers<Executor>,
       return;
     }
     consumer_.clear_slot();
-    post([self = this->shared_from_this(), h = consumer_.release()]() mutable {
-      if (self->run_deferring_kicks(h)) self->resume_parked();
-    });
+    this->post_call(this->shared_from_this(), &workers::resume_with_parked, consumer_.release());
   }
 
   result_ring<T> buffer_;
-  loop_held_handler<> consumer_;  // let go if its loop dies first
   std::exception_ptr error_;
   sink* wanted_sink_ = nullptr;  // for_each's body, set around its next()
   sink* sink_ = nullptr;         // the same while that next() waits (see async_wait)
   std::size_t taken_ = 0;        // slots of results the sink took, not yet given back
   bool consumer_cancelled_ = false;
-  bool consumer_aborted_ = false;  // the consumer's wait completes with operation_aborted
-  bool consumer_on_ex_ = true;     // the waiting consumer runs on ex_
 };
 
 }  // namespace sluice::detail

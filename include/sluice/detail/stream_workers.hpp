@@ -6,6 +6,7 @@
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/completion.hpp>
 #include <sluice/detail/loop_post.hpp>
+#include <sluice/detail/loop_service.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -49,11 +50,10 @@ class stream_workers {
   [[nodiscard]] bool busy() const noexcept { return running_ != 0 || pulling_; }
 
  protected:
-  explicit stream_workers(std::size_t limit)
-      : limit_(limit), children_(std::make_shared<child_set>()) {}
+  explicit stream_workers(std::size_t limit);
   stream_workers(const stream_workers&) = delete;
   stream_workers& operator=(const stream_workers&) = delete;
-  ~stream_workers() = default;
+  ~stream_workers();
 
   // Starts one more worker on ex_ (it must call worker_started() first).
   virtual void spawn_worker() = 0;
@@ -69,11 +69,11 @@ class stream_workers {
 
   // Waits until kick() or a stop wakes this worker. No cancellation handler:
   // every stop wakes all parked workers itself.
-  auto park() {
-    return asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
-        [this](auto handler) { parked_.emplace_back(std::move(handler), *ex_); },
-        asio::use_awaitable_t<Executor>{});
-  }
+  asio::awaitable<void, Executor> park();
+  // A post to the workers' executor, awaited: where a new worker starts.
+  asio::awaitable<void, Executor> hop();
+  // The first next(): the workers run on `ex` from now on; spawns the first.
+  void start(const Executor& ex);
   void unparked() { --waking_; }
 
   void take_slot() { ++used_; }
@@ -100,23 +100,7 @@ class stream_workers {
     if (!ending() && (waking_ != 0 || !may_pull() || !started_)) return;
     kick_slow();
   }
-  [[gnu::noinline]] void kick_slow() {
-    if (ending()) {
-      wake_all();
-      return;
-    }
-    if (!started_ || !may_pull() || waking_ != 0) return;
-    if (!parked_.empty()) {
-      if (deferring_kicks_) {
-        ++waking_;  // on the way: resume_consumer() wakes it, without a post
-        kick_deferred_ = true;
-        return;
-      }
-      wake_one();
-    } else if (spawned_ < limit_) {
-      spawn();
-    }
-  }
+  [[gnu::noinline]] void kick_slow();
 
   // True for the one worker still in its loop (about to leave).
   [[nodiscard]] bool last_worker() const noexcept { return live_ == 1; }
@@ -125,6 +109,27 @@ class stream_workers {
   const Executor& executor() const noexcept { return *ex_; }
 
   // ---- for the consumer side -----------------------------------------------
+
+  // Stops without waiting (stream_delivery's, which see).
+  virtual void abandon(bool keep_error = false) = 0;
+
+  // The stream's close() (stream_core's, which see): stops it, waits for
+  // every worker, closes an owned input. Null: returns at once.
+  static asio::awaitable<void, Executor> close_stream(std::shared_ptr<stream_workers> c);
+  // Closes the owned input once (close_input: cancels an upstream stage and
+  // waits for it). The callers turn throw_if_cancelled off around it: a
+  // cancelled consumer must not leave the upstream running either. An error
+  // of the close itself (only its own cancellation) is not the stream's.
+  static asio::awaitable<void, Executor> shut_input(std::shared_ptr<stream_workers> c);
+  // Closes an owned async source that has close(); nothing otherwise.
+  virtual asio::awaitable<void, Executor> close_input();
+
+  // The consumer's wait inside next() (stream_delivery::async_wait says
+  // when it completes); what depends on the result type goes through
+  // consumer_waiting() (the handler is held) and cancel_consumer().
+  asio::awaitable<void, Executor> consumer_wait(bool cancel_now);
+  virtual void consumer_waiting(bool cancel_now) = 0;
+  virtual void cancel_consumer() = 0;
 
   void spawn() {
     ++spawned_;
@@ -142,34 +147,31 @@ class stream_workers {
     (*poster_)(std::forward<F>(f));
   }
 
+  // Posts `fn(*this, h)` to ex_, the state kept alive by `self` until it
+  // runs (or is dropped with its loop: `h` is then destroyed unrun). One
+  // posted function type for every wake of every stream on an executor: each
+  // type posted costs an object some 100 functions of Asio's (issue 32).
+  using posted_fn = void (*)(stream_workers&, erased_handler<>&);
+  void post_call(std::shared_ptr<stream_workers> self, posted_fn fn, erased_handler<> h = {});
+  struct posted_call {
+    std::shared_ptr<stream_workers> self;
+    posted_fn fn;
+    erased_handler<> h;
+    void operator()() { fn(*self, h); }
+  };
+  // post_call()'s: resumes the consumer's handler `h` with the kicks
+  // deferred, then the parked workers (see stream_delivery::resume_consumer).
+  static void resume_with_parked(stream_workers& self, erased_handler<>& h) {
+    if (self.run_deferring_kicks(h)) self.resume_parked();
+  }
+
   // Wakes the first parked worker through a post that looks again when it
   // runs: if no slot is free by then (the worker that kicked has filled them
   // all itself, as one running short tasks inline does), the worker stays
   // parked and is not resumed (no new park for it); otherwise it resumes
   // there, the post having been the hop to its executor.
-  void wake_one() {
-    ++waking_;
-    auto h = std::move(parked_.front());
-    parked_.pop_front();
-    // `this` outlives the post: the handler owns the worker, which holds the core.
-    post([this, h = std::move(h)]() mutable {
-      if (!ending() && !may_pull()) {
-        --waking_;
-        parked_.push_front(std::move(h));
-        return;
-      }
-      h.complete_here();
-    });
-  }
-
-  void wake_all() {
-    while (!parked_.empty()) {
-      ++waking_;
-      auto h = std::move(parked_.front());
-      parked_.pop_front();
-      h.complete();
-    }
-  }
+  void wake_one();
+  void wake_all();
 
   // Runs `h` here with the kicks deferred; true if one was. Nests: a run
   // inside another (a worker resumed by release_taken() inside
@@ -198,24 +200,17 @@ class stream_workers {
   // suspends (its task does) or parks. Their own kicks are deferred to this
   // loop, so a wave of freed slots costs the one post that resumed the
   // consumer instead of one post per worker.
-  void resume_parked() {
-    for (;;) {
-      if (ending() || !may_pull() || parked_.empty()) {
-        --waking_;
-        kick();
-        return;
-      }
-      auto h = std::move(parked_.front());
-      parked_.pop_front();
-      if (!run_deferring_kicks(h)) return;  // it took the wake (unparked())
-    }
-  }
+  void resume_parked();
 
   const std::size_t limit_;
   std::shared_ptr<child_set> children_;
   std::optional<Executor> ex_;
   std::optional<loop_poster<Executor>> poster_;  // post()'s
   std::deque<erased_handler<>> parked_;
+  loop_held_handler<> consumer_;   // next()'s wait; let go if its loop dies first
+  bool consumer_aborted_ = false;  // the consumer's wait completes with operation_aborted
+  bool consumer_on_ex_ = true;     // the waiting consumer runs on ex_
+  bool input_shut_ = false;        // shut_input() ran
   std::size_t used_ = 0;
   std::size_t running_ = 0;
   std::size_t spawned_ = 0;
@@ -229,6 +224,160 @@ class stream_workers {
   bool deferring_kicks_ = false;  // inside resume_consumer()'s post
   bool kick_deferred_ = false;    // a kick deferred until it returns
 };
+
+// The members that reach Asio, out of the class (not inline): compiled once
+// for Asio's default executor with SLUICE_SEPARATE_COMPILATION.
+
+template <class Executor>
+stream_workers<Executor>::stream_workers(std::size_t limit)
+    : limit_(limit), children_(child_set::make()) {}
+
+template <class Executor>
+stream_workers<Executor>::~stream_workers() = default;
+
+template <class Executor>
+asio::awaitable<void, Executor> stream_workers<Executor>::park() {
+  return asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
+      [this](auto handler) { parked_.emplace_back(std::move(handler), *ex_); },
+      asio::use_awaitable_t<Executor>{});
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> stream_workers<Executor>::consumer_wait(bool cancel_now) {
+  return asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
+      [this, cancel_now](auto handler) {
+        auto slot = asio::get_associated_cancellation_slot(handler);
+        if (slot.is_connected() && !cancel_now) {
+          slot.assign([this](asio::cancellation_type type) {
+            if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
+                         asio::cancellation_type::total)) == asio::cancellation_type::none)
+              return;
+            cancel_consumer();
+          });
+        }
+        // A consumer on another executor than the workers' (a stream moved
+        // to another strand) is completed by a post of its own.
+        consumer_on_ex_ = asio::get_associated_executor(handler, *ex_) == *ex_;
+        consumer_aborted_ = false;
+        consumer_.hold(std::move(handler), *ex_);
+        consumer_waiting(cancel_now);
+        if (cancel_now) cancel_consumer();
+      },
+      asio::use_awaitable_t<Executor>{});
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> stream_workers<Executor>::hop() {
+  return asio::post(*ex_, asio::use_awaitable_t<Executor>{});
+}
+
+template <class Executor>
+void stream_workers<Executor>::start(const Executor& ex) {
+  ex_.emplace(ex);
+  poster_.emplace(ex);
+  started_ = true;
+  spawn();
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> stream_workers<Executor>::close_stream(
+    std::shared_ptr<stream_workers> c) {
+  if (!c) co_return;
+  c->abandon();
+  auto ex = co_await asio::this_coro::executor;
+  const bool was = co_await asio::this_coro::throw_if_cancelled();
+  co_await asio::this_coro::throw_if_cancelled(false);
+  error_code ec;
+  co_await c->children_->join(ex, ec);
+  if (!c->input_shut_) co_await shut_input(c);
+  co_await asio::this_coro::throw_if_cancelled(was);
+  if (ec) throw system_error(ec, "sluice::stream::close");
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> stream_workers<Executor>::shut_input(
+    std::shared_ptr<stream_workers> c) {
+  c->input_shut_ = true;
+  try {
+    auto closing = c->close_input();
+    co_await std::move(closing);
+  } catch (...) {
+  }
+}
+
+template <class Executor>
+asio::awaitable<void, Executor> stream_workers<Executor>::close_input() {
+  co_return;
+}
+
+template <class Executor>
+void stream_workers<Executor>::kick_slow() {
+  if (ending()) {
+    wake_all();
+    return;
+  }
+  if (!started_ || !may_pull() || waking_ != 0) return;
+  if (!parked_.empty()) {
+    if (deferring_kicks_) {
+      ++waking_;  // on the way: resume_consumer() wakes it, without a post
+      kick_deferred_ = true;
+      return;
+    }
+    wake_one();
+  } else if (spawned_ < limit_) {
+    spawn();
+  }
+}
+
+template <class Executor>
+void stream_workers<Executor>::wake_one() {
+  ++waking_;
+  auto h = std::move(parked_.front());
+  parked_.pop_front();
+  // `this` outlives the post: the handler owns the worker, which holds the core.
+  post([this, h = std::move(h)]() mutable {
+    if (!ending() && !may_pull()) {
+      --waking_;
+      parked_.push_front(std::move(h));
+      return;
+    }
+    h.complete_here();
+  });
+}
+
+template <class Executor>
+void stream_workers<Executor>::post_call(std::shared_ptr<stream_workers> self, posted_fn fn,
+                                         erased_handler<> h) {
+  post(posted_call{std::move(self), fn, std::move(h)});
+}
+
+template <class Executor>
+void stream_workers<Executor>::wake_all() {
+  while (!parked_.empty()) {
+    ++waking_;
+    auto h = std::move(parked_.front());
+    parked_.pop_front();
+    h.complete();
+  }
+}
+
+template <class Executor>
+void stream_workers<Executor>::resume_parked() {
+  for (;;) {
+    if (ending() || !may_pull() || parked_.empty()) {
+      --waking_;
+      kick();
+      return;
+    }
+    auto h = std::move(parked_.front());
+    parked_.pop_front();
+    if (!run_deferring_kicks(h)) return;  // it took the wake (unparked())
+  }
+}
+
+#if defined(SLUICE_SEPARATE_COMPILATION)
+extern template class stream_workers<asio::any_io_executor>;
+#endif
 
 }  // namespace sluice::detail
 

@@ -11,6 +11,7 @@
 #include <sluice/stats.hpp>
 
 #include <sluice/detail/asio.hpp>
+#include <sluice/detail/asio_timer.hpp>
 
 #include <chrono>
 #include <cstddef>

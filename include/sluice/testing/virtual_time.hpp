@@ -7,6 +7,7 @@
 #include <sluice/time.hpp>
 
 #include <sluice/detail/asio.hpp>
+#include <sluice/detail/asio_timer.hpp>
 
 #include <chrono>
 #include <concepts>

@@ -16,6 +16,7 @@
 #include <sluice/redis/semaphore_permit.hpp>
 
 #include <sluice/detail/asio.hpp>
+#include <sluice/detail/asio_timer.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -12,6 +12,7 @@
 #include <sluice/redis/reply.hpp>
 
 #include <sluice/detail/asio.hpp>
+#include <sluice/detail/asio_timer.hpp>
 
 #include <chrono>
 #include <cstddef>

@@ -13,6 +13,7 @@
 
 #include <sluice/detail/asio.hpp>
 #include <sluice/detail/asio_net.hpp>
+#include <sluice/detail/asio_timer.hpp>
 
 #include <array>
 #include <chrono>

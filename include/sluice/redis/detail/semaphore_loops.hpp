@@ -12,6 +12,7 @@
 #include <sluice/redis/detail/semaphore_state.hpp>
 
 #include <sluice/detail/asio.hpp>
+#include <sluice/detail/asio_timer.hpp>
 
 #include <algorithm>
 #include <cstddef>

@@ -15,6 +15,7 @@
 #include <sluice/redis/semaphore_permit.hpp>
 
 #include <sluice/detail/asio.hpp>
+#include <sluice/detail/asio_timer.hpp>
 
 #include <cstdint>
 #include <exception>

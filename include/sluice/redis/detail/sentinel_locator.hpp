@@ -15,6 +15,7 @@
 
 #include <sluice/detail/asio.hpp>
 #include <sluice/detail/asio_net.hpp>
+#include <sluice/detail/asio_timer.hpp>
 
 #include <algorithm>
 #include <chrono>

@@ -47,7 +47,8 @@ inline std::shared_ptr<asio::ssl::context> redis_tls_context(const redis::tls_op
   if (t.verify) {
     ctx->set_verify_mode(asio::ssl::verify_peer);
     if (t.ca_file.empty()) {
-      load("ca_file", "(system default)", [&](error_code& ec) { ctx->set_default_verify_paths(ec); });
+      load("ca_file", "(system default)",
+           [&](error_code& ec) { ctx->set_default_verify_paths(ec); });
     } else {
       load("ca_file", t.ca_file, [&](error_code& ec) { ctx->load_verify_file(t.ca_file, ec); });
     }
