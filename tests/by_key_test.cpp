@@ -707,6 +707,24 @@ TEST_CASE("a keyed task group on a keyed limit, stopped, withdraws its waits at 
   CHECK(hosts.keys() == 0);
 }
 
+TEST_CASE("a keyed task group stopped before run calls nothing and reports nothing", "[by_key]") {
+  virtual_loop loop;
+  sluice::stop_source stop;
+  stop.request();
+  sluice::keyed_semaphore<char> hosts{1};
+  std::vector<report_row> rows;
+  bool called = false;
+  auto body = [&](char_group&) -> asio::awaitable<void> {
+    called = true;
+    co_return;
+  };
+  loop.run(char_group::run(2, 1, body, stop, record_rows(rows)));
+  loop.run(char_group::run(2, hosts, body, stop, record_rows(rows)));
+  CHECK_FALSE(called);
+  CHECK(rows.empty());
+  CHECK(loop.now() == 0ms);
+}
+
 TEST_CASE("progress of a keyed task group counts the children, with those waiting for their key",
           "[by_key]") {
   virtual_loop loop;
