@@ -1243,6 +1243,34 @@ TEST_CASE("a fan-out by a keyed limit whose caller was cancelled before it calle
   CHECK(s.hosts.stats().acquired == 0);
 }
 
+TEST_CASE("a keyed task group whose caller was cancelled before it called binds no clock",
+          "[by_key]") {
+  // A keyed_rate_limiter bound to the steady clock, a caller on a virtual
+  // loop cancelled before it calls: operation_aborted, the body never
+  // called; not the limiter's logic_error for the other clock (before: the
+  // group bound the limiter first).
+  asio::io_context io;
+  sluice::keyed_rate_limiter<char> per_host{io.get_executor(), 1, 1s};
+  sluice_test::tasks_on_loop h;
+  bool called = false;
+  auto& group = h.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    try {
+      co_await sluice::sleep(1h);  // cancelled here...
+    } catch (const sluice::system_error&) {
+    }
+    co_await char_group::run(2, per_host, [&](char_group&) -> asio::awaitable<void> {  // ...then
+      called = true;
+      co_return;
+    });
+  });
+  h.poll();
+  group.cancel();
+  h.loop.run_for(1s);
+  CHECK(group.cancelled());
+  CHECK_FALSE(called);
+}
+
 TEST_CASE("fail fast by a keyed limit releases the permits and withdraws the waits", "[by_key]") {
   // aabbcc, 4 at once, 1 per host: a, b, c start at 0 and the fourth slot
   // waits on a, b and c's permits; b fails at 13 ms.

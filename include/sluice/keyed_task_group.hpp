@@ -249,6 +249,15 @@ class keyed_task_group : private detail::stop_listener {
       throw std::invalid_argument(std::string("sluice::keyed_task_group::run: ") + what +
                                   " must be at least 1");
   }
+  // As task_group::run: a caller cancelled before the call starts nothing
+  // (operation_aborted), nor does a stop requested before it (false); no
+  // report either.
+  static bool may_start(const asio::cancellation_state& caller, const stop_source* stop) {
+    if (caller.cancelled() != asio::cancellation_type::none)
+      throw system_error(asio::error::operation_aborted,
+                         "sluice::keyed_task_group: cancelled before start");
+    return stop == nullptr || !stop->stop_requested();
+  }
   template <class F>
   static hooks_ptr hooks(progress<F>&& report) {
     return std::make_unique<detail::progress_hooks_for<F>>(std::move(report));
@@ -275,13 +284,7 @@ class keyed_task_group : private detail::stop_listener {
       self.g_ = &g;
       return body(self);
     };
-    // As task_group::run: a caller cancelled, or a stop requested, before
-    // the call starts nothing and reports nothing.
-    const auto caller = co_await asio::this_coro::cancellation_state;
-    if (caller.cancelled() != asio::cancellation_type::none)
-      throw system_error(asio::error::operation_aborted,
-                         "sluice::keyed_task_group: cancelled before start");
-    if (stop != nullptr && stop->stop_requested()) co_return;
+    if (!may_start(co_await asio::this_coro::cancellation_state, stop)) co_return;
     if (self.progress_) self.progress_->begin(co_await asio::this_coro::executor);
     std::exception_ptr error;
     try {
@@ -316,6 +319,8 @@ class keyed_task_group : private detail::stop_listener {
   static asio::awaitable<void> run_limited(std::size_t limit, Limit& keyed, Body body,
                                            by_key_options o, stop_source* stop,
                                            hooks_ptr progress) {
+    // Before the limit is bound to the caller's clock (key_gate_for).
+    if (!may_start(co_await asio::this_coro::cancellation_state, stop)) co_return;
     keyed_task_group self(tag{}, static_cast<std::size_t>(-1), o);  // the limit bounds each key
     self.ex_ = co_await asio::this_coro::executor;
     self.gate_ = std::make_unique<detail::key_gate_for<state, Limit>>(
