@@ -683,3 +683,55 @@ TEST_CASE("after many rounds at max, one throttle lowers the limit to floor(max 
   cap.try_acquire(ex).throttled();
   CHECK(cap.limit() == 2);
 }
+
+TEST_CASE(
+    "a permit released after its virtual loop died reads nothing freed; the next loop is served",
+    "[adaptive_limit][lifetime]") {
+  // A virtual loop per batch: permits may outlive theirs. They read the time
+  // the loop ended at (ASan: heap-use-after-free of the loop's clock before).
+  adaptive_limit cap{still(2)};
+  adaptive_limit::permit waited, taken;
+  {
+    virtual_loop loop;
+    loop.run([&]() -> asio::awaitable<void> {
+      waited = co_await cap.scoped_acquire();
+      co_await sluice::sleep(1s);
+      taken = cap.try_acquire(loop.get_executor());
+      co_await sluice::sleep(1s);
+    });
+  }
+  CHECK(waited.elapsed() == 2s);
+  CHECK(taken.elapsed() == 1s);
+  waited.succeeded();
+  taken.reset();
+  CHECK(cap.in_flight() == 0);
+  CHECK(cap.successes() == 1);
+
+  // The next batch, on a new loop: exact figures.
+  virtual_loop loop;
+  auto hold = [&](std::chrono::seconds wait, std::chrono::seconds d) -> asio::awaitable<void> {
+    auto p = co_await cap.scoped_acquire();
+    CHECK(loop.now() == wait);
+    co_await sluice::sleep(d);
+    CHECK(p.elapsed() == d);
+    p.succeeded();
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    std::vector<asio::awaitable<void>> calls;
+    calls.push_back(hold(0s, 3s));
+    calls.push_back(hold(0s, 1s));
+    calls.push_back(hold(1s, 2s));  // waits for the second
+    co_await sluice::gather(std::move(calls));
+  });
+  CHECK(loop.now() == 3s);
+  CHECK(cap.in_flight() == 0);
+  CHECK(cap.successes() == 4);
+  const auto s = cap.stats();
+  CHECK(s.acquired == 5);
+  CHECK(s.wait.count == 5);
+  CHECK(s.wait.total == 1s);
+  CHECK(s.wait.max == 1s);
+  CHECK(s.hold.count == 5);
+  CHECK(s.hold.total == 9s);  // 2 + 1, then 3 + 1 + 2
+  CHECK(s.hold.max == 3s);
+}

@@ -5,6 +5,8 @@
 #include <sluice/keyed_rate_limiter.hpp>
 #include <sluice/keyed_semaphore.hpp>
 #include <sluice/keyed_task_group.hpp>
+#include <sluice/progress.hpp>
+#include <sluice/stop_source.hpp>
 #include <sluice/testing/virtual_time.hpp>
 #include <sluice/time.hpp>
 #include <sluice/timeout.hpp>
@@ -19,6 +21,7 @@
 #include <support/spawned.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <map>
@@ -610,6 +613,147 @@ nanoseconds reference_makespan(const std::vector<job>& in, std::size_t limit, st
 
 }  // namespace
 
+namespace {
+
+// A progress report: at (ms), started, done, failed, in flight, waiting.
+using report_row = std::array<std::size_t, 6>;
+
+auto record_rows(std::vector<report_row>& rows) {
+  return sluice::progress(
+      [&rows](const sluice::progress_info& p) {
+        rows.push_back(
+            {static_cast<std::size_t>(std::chrono::duration_cast<milliseconds>(p.elapsed).count()),
+             p.started, p.done, p.failed, p.in_flight, p.waiting});
+      },
+      500ms);
+}
+
+}  // namespace
+
+TEST_CASE("a keyed task group stopped from outside drops what waits and gives the running a grace",
+          "[by_key]") {
+  // 2 at once, 1 per key, aabc of 300 ms: a0 and b2 run, a1 waits for its
+  // key, c3 for a slot. The stop at 100 ms (grace 150 ms) drops a1 and c3
+  // unstarted, refuses spawn, cancels the body, and cancels a0 and b2 at
+  // 250 ms; run returns normally. Progress counts the two cancelled as
+  // failed, not the two unstarted.
+  virtual_loop loop;
+  trace t;
+  sluice::stop_source stop;
+  std::vector<report_row> rows;
+  char_group* group = nullptr;
+  bool body_cancelled = false, spawned_after = true;
+  auto body = [&](char_group& g) -> asio::awaitable<void> {
+    group = &g;
+    for (const job& j : jobs("aabc", 300ms)) g.spawn(j.key, child_work(loop, t, j));
+    try {
+      co_await sluice::sleep(1h);
+    } catch (const sluice::system_error&) {
+      body_cancelled = true;
+      throw;
+    }
+  };
+  auto stopper = [&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(100ms);
+    CHECK(group->waiting() == 2);
+    stop.request(150ms);
+    CHECK(group->waiting() == 0);
+    CHECK(group->stopping());
+    spawned_after = group->spawn('d', child_work(loop, t, {'d', 1ms, 9}));
+  };
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::gather(char_group::run(2, 1, body, stop, record_rows(rows)), stopper());
+  });
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 0ms}, {2, 0ms}});
+  CHECK(t.cancelled == 2);
+  CHECK(body_cancelled);
+  CHECK_FALSE(spawned_after);
+  CHECK(loop.now() == 250ms);
+  CHECK(rows == std::vector<report_row>{{250, 2, 0, 2, 0, 0}});
+}
+
+TEST_CASE("a keyed task group on a keyed limit, stopped, withdraws its waits at once", "[by_key]") {
+  // 2 at once, a keyed_semaphore of 1 per host that another caller holds
+  // from 0 to 500 ms: a0 and a1 wait for a's permit, the group's asking slot
+  // asks for it. The stop at 100 ms, with a grace of an hour, drops them and
+  // withdraws the wait at once: run returns at 100 ms.
+  virtual_loop loop;
+  trace t;
+  sluice::stop_source stop;
+  sluice::keyed_semaphore<char> hosts{1};
+  nanoseconds returned{-1};
+  auto other = [&]() -> asio::awaitable<void> {
+    auto p = co_await hosts.scoped_acquire('a');
+    co_await sluice::sleep(500ms);
+  };
+  auto body = [&](char_group& g) -> asio::awaitable<void> {
+    for (const job& j : jobs("aa", 300ms)) g.spawn(j.key, child_work(loop, t, j));
+    co_return;
+  };
+  auto group = [&]() -> asio::awaitable<void> {
+    co_await char_group::run(2, hosts, body, stop);
+    returned = loop.now();
+  };
+  auto stopper = [&]() -> asio::awaitable<void> {
+    co_await sluice::sleep(100ms);
+    CHECK(hosts.waiters('a') == 1);
+    stop.request(1h);
+  };
+  loop.run(
+      [&]() -> asio::awaitable<void> { co_await sluice::gather(other(), group(), stopper()); });
+  CHECK(t.starts.empty());
+  CHECK(returned == 100ms);
+  CHECK(loop.now() == 500ms);
+  CHECK(hosts.keys() == 0);
+}
+
+TEST_CASE("a keyed task group stopped before run calls nothing and reports nothing", "[by_key]") {
+  virtual_loop loop;
+  sluice::stop_source stop;
+  stop.request();
+  sluice::keyed_semaphore<char> hosts{1};
+  std::vector<report_row> rows;
+  bool called = false;
+  auto body = [&](char_group&) -> asio::awaitable<void> {
+    called = true;
+    co_return;
+  };
+  loop.run(char_group::run(2, 1, body, stop, record_rows(rows)));
+  loop.run(char_group::run(2, hosts, body, stop, record_rows(rows)));
+  CHECK_FALSE(called);
+  CHECK(rows.empty());
+  CHECK(loop.now() == 0ms);
+}
+
+TEST_CASE("progress of a keyed task group counts the children, with those waiting for their key",
+          "[by_key]") {
+  virtual_loop loop;
+  trace t;
+  std::vector<report_row> rows;
+  SECTION("per_key 1, 2 at once, aaab: a1 and a2 wait for a's room") {
+    loop.run(char_group::run(
+        2, 1,
+        [&](char_group& g) -> asio::awaitable<void> {
+          for (const job& j : jobs("aaab", 1s)) g.spawn(j.key, child_work(loop, t, j));
+          co_return;
+        },
+        record_rows(rows)));
+    CHECK(rows == std::vector<report_row>{
+                      {1000, 3, 1, 0, 2, 1}, {2000, 4, 3, 0, 1, 0}, {3000, 4, 4, 0, 0, 0}});
+  }
+  SECTION("a keyed_semaphore of 1, 2 at once, aab: the asking slot is no child") {
+    sluice::keyed_semaphore<char> hosts{1};
+    loop.run(char_group::run(
+        2, hosts,
+        [&](char_group& g) -> asio::awaitable<void> {
+          for (const job& j : jobs("aab", 1s)) g.spawn(j.key, child_work(loop, t, j));
+          co_return;
+        },
+        record_rows(rows)));
+    CHECK(rows == std::vector<report_row>{{1000, 3, 1, 0, 2, 0}, {2000, 3, 3, 0, 0, 0}});
+  }
+}
+
 TEST_CASE("seeded runs keep the caps, per-key FIFO and the reference schedule's makespan",
           "[by_key]") {
   for (unsigned seed = 1; seed <= 200; ++seed) {
@@ -880,6 +1024,112 @@ TEST_CASE("by_key gives back a grant that came while the slot went to another ke
   CHECK(loop.now() == 1100ms);
 }
 
+TEST_CASE(
+    "a keyed_rate_limiter built without an executor serves by_key on the loop's virtual clock",
+    "[by_key]") {
+  // by_key binds it to the fan-out's clock before its first try_acquire, as
+  // a waiter would (before: bound to the steady clock there, logic_error at
+  // the first wait; the fan-out hung). aaaaabb, 3 at once, 2 starts per host
+  // per second: the schedule of the limiter built with the loop's executor.
+  const std::vector<job> in = jobs("aaaaabb", 100ms);
+  virtual_loop loop;
+  trace t;
+  sluice::keyed_rate_limiter<char> per_host{2, 1s};
+  SECTION("map_unordered") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(sluice::map_unordered([&](job j) { return work(loop, t, j); }, in,
+                                                      3, sluice::by_key(key_of, per_host)),
+                                [](int) {});
+    });
+  }
+  SECTION("keyed_task_group: b's first child in the asking slot at 0") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await char_group::run(3, per_host, [&](char_group& g) -> asio::awaitable<void> {
+        for (const job& j : in) g.spawn(j.key, child_work(loop, t, j));
+        co_return;
+      });
+    });
+  }
+  std::ranges::sort(t.starts, {}, [](auto& s) { return std::pair(s.second, s.first); });
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{
+                        {0, 0ms}, {1, 0ms}, {5, 0ms}, {6, 100ms}, {2, 1s}, {3, 1s}, {4, 2s}});
+  CHECK(per_host.stats().acquired == 7);
+  CHECK(loop.now() == 2100ms);
+}
+
+TEST_CASE("a child spawned while the group's asking slot is its last free one starts in it at once",
+          "[by_key]") {
+  // 2 at once, a keyed_semaphore of 1 per host: a0 runs, a1 waits for a's
+  // permit and the group keeps the second slot to ask for it; b2, spawned
+  // then, is free: it starts in that slot at 0 (before: at 100 ms, when a0
+  // ended, the asking slot not told of it).
+  virtual_loop loop;
+  trace t;
+  sluice::keyed_semaphore<char> hosts{1};
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await char_group::run(2, hosts, [&](char_group& g) -> asio::awaitable<void> {
+      for (const job& j : jobs("aab", 100ms)) g.spawn(j.key, child_work(loop, t, j));
+      co_return;
+    });
+  });
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 0ms}, {2, 0ms}, {1, 100ms}});
+  CHECK(loop.now() == 200ms);
+  CHECK(hosts.keys() == 0);
+}
+
+namespace {
+
+// A keyed limit whose wait answers without suspending, as a
+// keyed_rate_limiter's on the steady clock does when a key's window opens
+// between the fan-out's try_acquire and its wait: try_take refuses, wait
+// grants at once.
+struct answers_at_once {
+  std::size_t waits = 0;
+};
+
+}  // namespace
+
+template <>
+struct sluice::detail::keyed_limit_traits<answers_at_once> {
+  static constexpr bool valid = true;
+  using limit = answers_at_once;
+  using key_type = char;
+  struct grant {};
+  static void bind(limit&, const asio::any_io_executor&) noexcept {}
+  static std::optional<grant> try_take(limit&, char) { return std::nullopt; }
+  static asio::awaitable<grant> wait(limit& l, char) {
+    ++l.waits;
+    co_return grant{};
+  }
+};
+
+TEST_CASE("a keyed limit's wait that ends before the fan-out parks is not lost", "[by_key]") {
+  // ab, 1 at once: each key's wait is granted inside the call that starts
+  // it; the fan-out takes that grant instead of parking (before: it parked
+  // after the wake-up and never woke, a deadlock at 0).
+  virtual_loop loop;
+  trace t;
+  answers_at_once limit;
+  SECTION("map_unordered") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await sluice::for_each(
+          sluice::map_unordered([&](job j) { return work(loop, t, j); }, jobs("ab", 100ms), 1,
+                                sluice::by_key(key_of, limit)),
+          [](int) {});
+    });
+  }
+  SECTION("keyed_task_group") {
+    loop.run([&]() -> asio::awaitable<void> {
+      co_await char_group::run(1, limit, [&](char_group& g) -> asio::awaitable<void> {
+        for (const job& j : jobs("ab", 100ms)) g.spawn(j.key, child_work(loop, t, j));
+        co_return;
+      });
+    });
+  }
+  CHECK(t.starts == std::vector<std::pair<int, nanoseconds>>{{0, 0ms}, {1, 100ms}});
+  CHECK(loop.now() == 200ms);
+}
+
 namespace {
 
 // Spawns `fan_out` and cancels it at `at` plus `turns` loop turns, then runs
@@ -991,6 +1241,34 @@ TEST_CASE("a fan-out by a keyed limit whose caller was cancelled before it calle
   CHECK(t.starts.empty());
   CHECK(s.hosts.keys() == 0);
   CHECK(s.hosts.stats().acquired == 0);
+}
+
+TEST_CASE("a keyed task group whose caller was cancelled before it called binds no clock",
+          "[by_key]") {
+  // A keyed_rate_limiter bound to the steady clock, a caller on a virtual
+  // loop cancelled before it calls: operation_aborted, the body never
+  // called; not the limiter's logic_error for the other clock (before: the
+  // group bound the limiter first).
+  asio::io_context io;
+  sluice::keyed_rate_limiter<char> per_host{io.get_executor(), 1, 1s};
+  sluice_test::tasks_on_loop h;
+  bool called = false;
+  auto& group = h.spawn([&]() -> asio::awaitable<void> {
+    co_await asio::this_coro::throw_if_cancelled(false);
+    try {
+      co_await sluice::sleep(1h);  // cancelled here...
+    } catch (const sluice::system_error&) {
+    }
+    co_await char_group::run(2, per_host, [&](char_group&) -> asio::awaitable<void> {  // ...then
+      called = true;
+      co_return;
+    });
+  });
+  h.poll();
+  group.cancel();
+  h.loop.run_for(1s);
+  CHECK(group.cancelled());
+  CHECK_FALSE(called);
 }
 
 TEST_CASE("fail fast by a keyed limit releases the permits and withdraws the waits", "[by_key]") {

@@ -475,6 +475,42 @@ TEST_CASE("bounded_semaphore{.max_wait}: a waiter leaves at its deadline, the ne
   CHECK(cap.waiters() == 0);
 }
 
+TEST_CASE("a semaphore's max_wait serves a loop per batch, one dying with a waiter queued",
+          "[policy][shed][lifetime]") {
+  // The wait bound's timer runs on the clock of the waiter it bounds: a loop
+  // destroyed with a waiter queued takes the waiter and that timer with it,
+  // and the next loop's waiter is shed at its own deadline (ASan: nothing of
+  // the dead loop is read).
+  sluice::semaphore cap{asio::any_io_executor{}, 1, {.max_wait = 1s}};
+  auto hold = [&](ns d) {
+    return [&, d]() -> asio::awaitable<void> {
+      auto p = co_await cap.scoped_acquire();
+      co_await sluice::sleep(d);
+    };
+  };
+  {
+    auto long_hold = hold(1h);  // outlives the loop and its coroutines
+    virtual_loop loop;
+    asio::co_spawn(loop.get_executor(), long_hold(), asio::detached);
+    asio::co_spawn(loop.get_executor(), long_hold(), asio::detached);  // queued, deadline 1 s
+    loop.run_for(500ms);
+    CHECK(cap.waiters() == 1);
+  }
+  CHECK(cap.waiters() == 0);
+  CHECK(cap.value() == 1);
+  virtual_loop loop;
+  std::vector<ended> e(2);
+  loop.run([&]() -> asio::awaitable<void> {
+    co_await sluice::gather(at(0s, hold(2s), e[0]), at(0s, hold(2s), e[1]));
+  });
+  CHECK(e[0].at == 2s);
+  CHECK(!e[0].error);
+  CHECK(e[1].at == 1s);
+  CHECK(e[1].is<sluice::overloaded_error>());
+  CHECK(cap.stats().shed == 1);
+  CHECK(cap.value() == 1);
+}
+
 TEST_CASE("a limit's shed bound: pre-cancelled callers get operation_aborted, callbacks the code",
           "[policy][shed]") {
   virtual_loop loop;

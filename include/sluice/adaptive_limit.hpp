@@ -6,6 +6,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/adaptive_estimator.hpp>
 #include <sluice/detail/permit_core.hpp>
+#include <sluice/detail/virtual_clock.hpp>
 #include <sluice/overloaded_error.hpp>
 #include <sluice/retryable.hpp>
 #include <sluice/stats.hpp>
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -56,7 +58,10 @@ struct budget_access;  // sluice::acquire_all's way in (detail/all_budgets.hpp)
 /// nothing, or was granted and, if cancelled before it resumed, passes the
 /// permit on and throws `operation_aborted`), also for a caller whose
 /// cancellation was requested before it called. Destroying the limit aborts
-/// its waiters; permits must not outlive it. Loop-affine, not thread-safe.
+/// its waiters; permits must not outlive it. They may outlive the loop they
+/// were granted on (a `testing::virtual_loop` per batch): the limit serves the
+/// next loop, and a permit released later measures its latency to the time its
+/// virtual loop ended at. Loop-affine, not thread-safe.
 ///
 /// @code
 /// sluice::adaptive_limit cap{{.initial = 4, .min = 1, .max = 64, .algorithm = sluice::aimd{}}};
@@ -98,7 +103,7 @@ class adaptive_limit {
     /// Takes over `other`'s place; `other` is left empty.
     permit(permit&& other) noexcept
         : cap_(std::exchange(other.cap_, nullptr)),
-          vclock_(other.vclock_),
+          now_(std::move(other.now_)),
           start_(other.start_),
           epoch_(other.epoch_),
           in_flight_(other.in_flight_) {}
@@ -107,7 +112,7 @@ class adaptive_limit {
       if (this != &other) {
         reset();
         cap_ = std::exchange(other.cap_, nullptr);
-        vclock_ = other.vclock_;
+        now_ = std::move(other.now_);
         start_ = other.start_;
         epoch_ = other.epoch_;
         in_flight_ = other.in_flight_;
@@ -129,35 +134,42 @@ class adaptive_limit {
     /// Reports `o` (`ignored` releases without feedback).
     void report(outcome o) {
       if (cap_ == nullptr) return;
-      const auto elapsed = (vclock_ ? vclock_->now() : clock::now()) - start_;
+      const auto elapsed = read_clock() - start_;
       auto* c = std::exchange(cap_, nullptr);
       c->finish(o, sample{elapsed, epoch_, in_flight_});
     }
     /// Releases now without an outcome (no-op when empty).
     void reset() noexcept {
       if (auto* c = std::exchange(cap_, nullptr)) {
-        c->core_.record_hold_duration((vclock_ ? vclock_->now() : clock::now()) - start_);
+        c->core_.record_hold_duration(read_clock() - start_);
         c->release_one();
       }
     }
 
-    /// The latency so far: from the grant to now, on the executor's clock.
+    /// The latency so far: from the grant to now, on the executor's clock
+    /// (after a virtual loop was destroyed, to the time it ended at).
     [[nodiscard]] clock::duration elapsed() const {
-      return cap_ ? (vclock_ ? vclock_->now() : clock::now()) - start_ : clock::duration{};
+      return cap_ ? read_clock() - start_ : clock::duration{};
     }
 
    private:
     friend class adaptive_limit;
     friend struct detail::budget_access;
-    permit(adaptive_limit& c, detail::virtual_clock_service* v, clock::time_point start)
+    permit(adaptive_limit& c, const detail::virtual_clock_service* v)
         : cap_(&c),
-          vclock_(v),
-          start_(start),
+          now_(v ? v->shared_now() : nullptr),
+          start_(read_clock()),
           epoch_(c.estimate_.epoch()),
           in_flight_(c.in_flight()) {}
 
+    // Through the clock's shared block, never its service: a permit that
+    // outlived its virtual loop reads the time the loop ended at.
+    [[nodiscard]] clock::time_point read_clock() const noexcept {
+      return now_ ? now_->now() : clock::now();
+    }
+
     adaptive_limit* cap_ = nullptr;
-    detail::virtual_clock_service* vclock_ = nullptr;
+    std::shared_ptr<const detail::virtual_now> now_;  // null on the steady clock
     clock::time_point start_{};
     std::uint64_t epoch_ = 0;
     std::size_t in_flight_ = 0;
@@ -182,9 +194,8 @@ class adaptive_limit {
   template <class = void>  // a template: compiled only in the TUs that call it (issue 32)
   [[nodiscard]] asio::awaitable<permit> scoped_acquire() {
     co_await core_.acquire([this] { release_one(); });
-    auto ex = co_await asio::this_coro::executor;
-    auto* v = detail::find_virtual_clock(ex);
-    co_return permit(*this, v, v ? v->now() : clock::now());
+    const auto ex = co_await asio::this_coro::executor;
+    co_return permit(*this, detail::find_virtual_clock(ex));
   }
 
   /// Takes a place if one is free and nobody waits; never suspends. The
@@ -192,8 +203,7 @@ class adaptive_limit {
   template <class Executor>
   [[nodiscard]] permit try_acquire(const Executor& ex) {
     if (!core_.try_acquire()) return {};
-    auto* v = detail::find_virtual_clock(ex);
-    return permit(*this, v, v ? v->now() : clock::now());
+    return permit(*this, detail::find_virtual_clock(ex));
   }
 
   /// Runs `fn()` (which returns an awaitable) under a permit and reports its

@@ -107,6 +107,11 @@ struct by_key_limit_t {
 ///   Order between keys is `.order`'s among the keys the limit lets start.
 /// - An error of the limit's wait (a `sluice::overloaded_error` of its shed
 ///   bound) is a failure of the input (see `map_unordered`).
+/// - A `keyed_rate_limiter` built without an executor is bound to the clock
+///   of the fan-out's executor (virtual under `testing::virtual_loop`) before
+///   the fan-out's first `try_acquire`, as by a waiter. One already bound to
+///   another clock (the steady clock, a virtual loop that ended) fails the
+///   fan-out with its `std::logic_error` at its first input.
 ///
 /// Per-Operation Cancellation: cancelling the fan-out (its consumer, fail
 /// fast) withdraws every wait on the limit and awaits it: no permit, start or

@@ -48,7 +48,8 @@ struct keyed_limit_access;  // sluice::by_key's way in (detail/keyed_limit.hpp)
 /// `n == 0` or `n > calls` at the call. Destroying it with waiters completes
 /// them with `operation_aborted`. Loop-affine. As for `rate_limiter`,
 /// `try_acquire` on a limiter without an executor reads the steady clock
-/// until a waiting coroutine has bound the clock.
+/// until a waiting coroutine (or a `by_key` fan-out, a `keyed_task_group`
+/// using it) has bound the clock.
 ///
 /// @code
 /// sluice::keyed_rate_limiter<std::string> per_customer{5, std::chrono::seconds(1)};
@@ -185,6 +186,10 @@ class keyed_rate_limiter {
     settle(e, now);
     return at;
   }
+  // For by_key: binds the clock to the fan-out's executor before its first
+  // try_start, as a waiter would (a limiter built without an executor would
+  // otherwise take the steady clock there). Throws logic_error as a wait does.
+  void bind_clock(const asio::any_io_executor& ex) { clock_.bind(ex, name); }
   // For by_key: try_acquire(key), returning the grant's key if it took one.
   std::optional<clock::time_point> try_start(const Key& key) { return try_take(key, 1); }
   // For by_key: forgets the start that acquire_start returned `at` for (its

@@ -8,6 +8,8 @@
 #include <sluice/detail/key_queues.hpp>
 #include <sluice/detail/keyed_limit.hpp>
 #include <sluice/detail/producer_queue.hpp>
+#include <sluice/progress.hpp>
+#include <sluice/stop_source.hpp>
 #include <sluice/task_group.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -19,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -69,7 +72,14 @@ concept keyed_task_group_body = std::invocable < F&,
 ///   `keyed_rate_limiter<Key>` the caller owns and shares with other code:
 ///   `run(limit, keyed, body, o)`, as `sluice::by_key(key, limit)` does for
 ///   `map_unordered`.
-/// - Not offered (yet): `task_group`'s `stop_source` and `progress` overloads.
+/// - `task_group`'s extras, after `body` in either form: a `stop_source&`
+///   (`stop.request(grace)` stops the group as `task_group`'s: spawning
+///   refused, children waiting for their key or a slot dropped unstarted,
+///   producers resumed with false, waits on a keyed limit withdrawn, the
+///   body cancelled, the running children given `grace`, then cancelled;
+///   `run` then returns normally) and a `sluice::progress` (reports on the
+///   children, not the body; `waiting` counts those waiting for their key),
+///   or both in that order. `stop` must outlive the call.
 ///
 /// Lifetimes: as `task_group`'s (the body object and the caller's frame
 /// outlive every child; the body coroutine's own locals do not). Loop-affine:
@@ -83,9 +93,10 @@ concept keyed_task_group_body = std::invocable < F&,
 ///     });
 /// @endcode
 template <class Key, class Hash = std::hash<Key>>
-class keyed_task_group {
+class keyed_task_group : private detail::stop_listener {
   using state = detail::key_state<asio::awaitable<void>, Key, Hash>;
   using ticket = typename state::ticket;
+  using hooks_ptr = std::unique_ptr<detail::progress_hooks>;
   struct tag {};
 
  public:
@@ -96,10 +107,30 @@ class keyed_task_group {
   template <keyed_task_group_body<Key, Hash> Body>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, std::size_t per_key, Body body,
                                                  by_key_options o = {}) {
-    if (limit == 0 || per_key == 0 || o.buffer == 0)
-      throw std::invalid_argument(
-          "sluice::keyed_task_group::run: limit, per_key and buffer must be at least 1");
-    return run_impl(limit, per_key, std::move(body), o);
+    check(limit == 0 || per_key == 0 || o.buffer == 0, "limit, per_key and buffer");
+    return run_impl(limit, per_key, std::move(body), o, nullptr, nullptr);
+  }
+  /// As above, stopped gracefully by `stop` (see the class comment).
+  template <keyed_task_group_body<Key, Hash> Body>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, std::size_t per_key, Body body,
+                                                 stop_source& stop, by_key_options o = {}) {
+    check(limit == 0 || per_key == 0 || o.buffer == 0, "limit, per_key and buffer");
+    return run_impl(limit, per_key, std::move(body), o, &stop, nullptr);
+  }
+  /// As above, with progress reports on the children (see the class comment).
+  template <keyed_task_group_body<Key, Hash> Body, class F>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, std::size_t per_key, Body body,
+                                                 progress<F> report, by_key_options o = {}) {
+    check(limit == 0 || per_key == 0 || o.buffer == 0, "limit, per_key and buffer");
+    return run_impl(limit, per_key, std::move(body), o, nullptr, hooks(std::move(report)));
+  }
+  /// As above, stopped by `stop`, with progress reports.
+  template <keyed_task_group_body<Key, Hash> Body, class F>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, std::size_t per_key, Body body,
+                                                 stop_source& stop, progress<F> report,
+                                                 by_key_options o = {}) {
+    check(limit == 0 || per_key == 0 || o.buffer == 0, "limit, per_key and buffer");
+    return run_impl(limit, per_key, std::move(body), o, &stop, hooks(std::move(report)));
   }
 
   /// As above, each key limited by `keyed`, a `keyed_semaphore<Key>` or
@@ -112,7 +143,9 @@ class keyed_task_group {
   /// wait per key); the first grant starts its child in that slot and the
   /// other waits are withdrawn (grants that came with them given back), so
   /// no grant is kept without its running child. An error of the limit's
-  /// wait (its shed bound) fails the group. Cancellation and failure
+  /// wait (its shed bound) fails the group. A `keyed_rate_limiter` built
+  /// without an executor is bound to the caller's clock as `run` starts (as
+  /// with `sluice::by_key`). Cancellation and failure
   /// withdraw every wait and await it before `run` returns: nothing is left
   /// on the limit. Throws `std::invalid_argument` at once when `limit` or
   /// `o.buffer` is 0.
@@ -125,24 +158,43 @@ class keyed_task_group {
   ///       co_return;
   ///     });
   /// @endcode
-  template <class Limit, keyed_task_group_body<Key, Hash> Body>
-  requires detail::keyed_limit_traits<Limit>::valid &&
-      std::same_as<typename detail::keyed_limit_traits<Limit>::key_type, Key>
+  template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
                                                  by_key_options o = {}) {
-    if (limit == 0 || o.buffer == 0)
-      throw std::invalid_argument(
-          "sluice::keyed_task_group::run: limit and buffer must be at least 1");
-    return run_limited(limit, keyed, std::move(body), o);
+    check(limit == 0 || o.buffer == 0, "limit and buffer");
+    return run_limited(limit, keyed, std::move(body), o, nullptr, nullptr);
+  }
+  /// As above, stopped gracefully by `stop` (see the class comment).
+  template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
+                                                 stop_source& stop, by_key_options o = {}) {
+    check(limit == 0 || o.buffer == 0, "limit and buffer");
+    return run_limited(limit, keyed, std::move(body), o, &stop, nullptr);
+  }
+  /// As above, with progress reports on the children (see the class comment).
+  template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body, class F>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
+                                                 progress<F> report, by_key_options o = {}) {
+    check(limit == 0 || o.buffer == 0, "limit and buffer");
+    return run_limited(limit, keyed, std::move(body), o, nullptr, hooks(std::move(report)));
+  }
+  /// As above, stopped by `stop`, with progress reports.
+  template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body, class F>
+  [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
+                                                 stop_source& stop, progress<F> report,
+                                                 by_key_options o = {}) {
+    check(limit == 0 || o.buffer == 0, "limit and buffer");
+    return run_limited(limit, keyed, std::move(body), o, &stop, hooks(std::move(report)));
   }
 
   /// Queues `child` under `key`; it starts once its key has room and a slot
   /// is free (see the class comment). Returns true if accepted; false, with
   /// `child` destroyed unstarted, once the group has begun to stop.
   bool spawn(Key key, asio::awaitable<void> child) {
-    if (g_->stopping()) return false;
+    if (stopping()) return false;
     keys_->push(std::move(key), std::move(child));
     pump(0);
+    if (progress_) progress_->waiting(keys_->buffered());
     return true;
   }
 
@@ -162,7 +214,7 @@ class keyed_task_group {
     if (cs.cancelled() != asio::cancellation_type::none)
       throw system_error(asio::error::operation_aborted,
                          "sluice::keyed_task_group::spawn_when_ready");
-    if (g_->stopping()) co_return false;
+    if (stopping()) co_return false;
     if (producers_.empty() && keys_->buffered() < buffer_)
       co_return spawn(std::move(key), std::move(child));
     co_return co_await producers_.wait(co_await asio::this_coro::executor,
@@ -180,8 +232,9 @@ class keyed_task_group {
   [[nodiscard]] std::size_t keys() const noexcept { return keys_->keys(); }
   /// Producers waiting in `spawn_when_ready`.
   [[nodiscard]] std::size_t producers_waiting() const noexcept { return producers_.size(); }
-  /// True once the group has begun to stop (a failure, a cancellation).
-  [[nodiscard]] bool stopping() const noexcept { return g_->stopping(); }
+  /// True once the group has begun to stop (a failure, a cancellation, a
+  /// stop request).
+  [[nodiscard]] bool stopping() const noexcept { return stopped_ || g_->stopping(); }
 
   /// Made only by `run`.
   keyed_task_group(tag, std::size_t per_key, by_key_options o)
@@ -191,67 +244,96 @@ class keyed_task_group {
   keyed_task_group& operator=(const keyed_task_group&) = delete;
 
  private:
-  template <class Body>
-  static asio::awaitable<void> run_impl(std::size_t limit, std::size_t per_key, Body body,
-                                        by_key_options o) {
-    keyed_task_group self(tag{}, per_key, o);  // outlives every child: run awaits them
-    co_await run_impl(limit, std::move(body), self);
+  static void check(bool bad, const char* what) {
+    if (bad)
+      throw std::invalid_argument(std::string("sluice::keyed_task_group::run: ") + what +
+                                  " must be at least 1");
   }
-  template <class Body>
-  static asio::awaitable<void> run_impl(std::size_t limit, Body body, keyed_task_group& self) {
-    struct on_exit {
-      keyed_task_group& self;
-      ~on_exit() { self.producers_.refuse_all(); }
-    } exit{self};
-    co_await task_group::run(limit, [&](task_group& g) {
-      self.g_ = &g;
-      return body(self);
-    });
+  // As task_group::run: a caller cancelled before the call starts nothing
+  // (operation_aborted), nor does a stop requested before it (false); no
+  // report either.
+  static bool may_start(const asio::cancellation_state& caller, const stop_source* stop) {
+    if (caller.cancelled() != asio::cancellation_type::none)
+      throw system_error(asio::error::operation_aborted,
+                         "sluice::keyed_task_group: cancelled before start");
+    return stop == nullptr || !stop->stop_requested();
+  }
+  template <class F>
+  static hooks_ptr hooks(progress<F>&& report) {
+    return std::make_unique<detail::progress_hooks_for<F>>(std::move(report));
   }
 
-  // The waits on a keyed limit the caller owns (run(limit, keyed, ...)),
-  // type-erased so that the group's type does not name the limit.
-  struct gate {
-    virtual ~gate() = default;
-    // A waiting child whose grant is in hand or free, wrapped to hold it.
-    virtual std::optional<asio::awaitable<void>> take() = 0;
-    virtual void ask(const asio::any_io_executor& ex) = 0;
-    virtual void withdraw() = 0;
-    virtual asio::awaitable<void> join(asio::any_io_executor ex) = 0;
-  };
-  template <class Limit>
-  struct gate_for final : gate {
-    using asks = detail::key_asks<state, Limit>;
-    gate_for(keyed_task_group& g, Limit& l)
-        : a(std::make_shared<asks>(g.keys_, l, [&g](std::exception_ptr e) {
-            if (e && !g.wait_error_) g.wait_error_ = std::move(e);
-            g.keys_->wake();
-          })) {}
-    std::optional<asio::awaitable<void>> take() override {
-      auto t = a->take();
-      if (!t) return std::nullopt;
-      return holding(std::move(t->first), std::move(t->second));
+  template <class Body>
+  static asio::awaitable<void> run_impl(std::size_t limit, std::size_t per_key, Body body,
+                                        by_key_options o, stop_source* stop, hooks_ptr progress) {
+    keyed_task_group self(tag{}, per_key, o);  // outlives every child: run awaits them
+    self.progress_ = std::move(progress);
+    co_await run_impl(limit, std::move(body), self, stop);
+  }
+  template <class Body>
+  static asio::awaitable<void> run_impl(std::size_t limit, Body body, keyed_task_group& self,
+                                        stop_source* stop) {
+    struct on_exit {
+      keyed_task_group& self;
+      ~on_exit() {
+        self.detach();
+        self.producers_.refuse_all();
+      }
+    } exit{self};
+    auto inner = [&](task_group& g) {
+      self.g_ = &g;
+      return body(self);
+    };
+    if (!may_start(co_await asio::this_coro::cancellation_state, stop)) co_return;
+    if (self.progress_) self.progress_->begin(co_await asio::this_coro::executor);
+    std::exception_ptr error;
+    try {
+      if (stop) {
+        self.attach(*stop);  // before the group's listener: called after it
+        co_await task_group::run(limit, std::move(inner), *stop);
+      } else {
+        co_await task_group::run(limit, std::move(inner));
+      }
+    } catch (...) {
+      error = std::current_exception();
     }
-    void ask(const asio::any_io_executor& ex) override { a->ask_ready(ex); }
-    void withdraw() override { a->withdraw(); }
-    asio::awaitable<void> join(asio::any_io_executor ex) override { return a->join(ex); }
-    // The child, holding its grant for its run (a rate start is spent now).
-    static asio::awaitable<void> holding(typename asks::grant g, asio::awaitable<void> child) {
-      if constexpr (requires { g.spend(); }) g.spend();
-      co_await std::move(child);
+    if (self.progress_) {
+      self.progress_->finish();
+      if (!error) error = self.progress_->error();
     }
-    std::shared_ptr<asks> a;
-  };
+    if (error) std::rethrow_exception(error);
+  }
+
+  // stop_source::request (task_group stops the body and the running
+  // children): nothing waiting for its key starts, producers are refused,
+  // the asker leaves.
+  void on_stop_requested(clock::duration) override {
+    stopped_ = true;
+    keys_->drop_queued();
+    producers_.refuse_all();
+    if (progress_) progress_->waiting(0);
+    if (asking_) keys_->wake();
+  }
 
   template <class Limit, class Body>
   static asio::awaitable<void> run_limited(std::size_t limit, Limit& keyed, Body body,
-                                           by_key_options o) {
+                                           by_key_options o, stop_source* stop,
+                                           hooks_ptr progress) {
+    // Before the limit is bound to the caller's clock (key_gate_for).
+    if (!may_start(co_await asio::this_coro::cancellation_state, stop)) co_return;
     keyed_task_group self(tag{}, static_cast<std::size_t>(-1), o);  // the limit bounds each key
     self.ex_ = co_await asio::this_coro::executor;
-    self.gate_ = std::make_unique<gate_for<Limit>>(self, keyed);
+    self.gate_ = std::make_unique<detail::key_gate_for<state, Limit>>(
+        self.keys_, keyed,
+        [&self](std::exception_ptr e) {
+          if (e && !self.wait_error_) self.wait_error_ = std::move(e);
+          self.keys_->wake();
+        },
+        self.ex_);
+    self.progress_ = std::move(progress);
     std::exception_ptr error;
     try {
-      co_await run_impl(limit, std::move(body), self);
+      co_await run_impl(limit, std::move(body), self, stop);
     } catch (...) {
       error = std::current_exception();
     }
@@ -271,10 +353,10 @@ class keyed_task_group {
   static asio::awaitable<void> asker(keyed_task_group* self) {
     std::optional<asio::awaitable<void>> child;
     std::exception_ptr error;
-    while (!self->g_->stopping() && self->keys_->buffered() != 0) {
+    while (!self->stopping() && self->keys_->buffered() != 0) {
       if ((error = std::exchange(self->wait_error_, nullptr))) break;
       if ((child = self->gate_->take())) break;
-      self->gate_->ask(self->ex_);
+      if (self->gate_->ask(self->ex_)) continue;  // a wait ended already: try again
       try {
         co_await self->keys_->park(self->ex_);
       } catch (const system_error&) {
@@ -292,38 +374,43 @@ class keyed_task_group {
   // Moves the children that may start into the group: while it has a free
   // slot (counting `leaving`, the child calling from its end), the next
   // child whose key has room; then lets waiting producers into the freed
-  // places. Once the group stops, drops what waits instead.
-  void pump(std::size_t leaving) {
-    if (g_->stopping()) {
+  // places. Once the group stops, drops what waits instead. True if it
+  // started a child.
+  bool pump(std::size_t leaving) {
+    if (stopping()) {
       keys_->drop_queued();
       producers_.refuse_all();
+      if (progress_) progress_->waiting(0);
       if (asking_) keys_->wake();  // the asker leaves
-      return;
+      return false;
     }
+    bool started = false;
     for (;;) {
       while (!producers_.empty() && keys_->buffered() < buffer_) {
         auto [key, child] = producers_.grant_front();
         keys_->push(std::move(key), std::move(child));
       }
-      if (g_->size() - leaving >= g_->limit()) return;
+      if (asking_) {  // it holds a slot, perhaps the last free one: it tries again
+        keys_->wake();
+        return started;
+      }
+      if (g_->size() - leaving >= g_->limit()) return started;
       if (gate_) {
-        if (asking_) {  // it holds a slot and tries again
-          keys_->wake();
-          return;
-        }
         auto child = gate_->take();
         if (!child) {
-          if (keys_->buffered() == 0) return;
+          if (keys_->buffered() == 0) return started;
           asking_ = true;
           g_->spawn(asker(this));
-          return;
+          return started;
         }
         g_->spawn(run_child(this, ticket(), std::move(*child)));
+        started = true;
         continue;
       }
       auto next = keys_->take();
-      if (!next) return;
+      if (!next) return started;
       g_->spawn(run_child(this, std::move(next->first), std::move(next->second)));
+      started = true;
     }
   }
 
@@ -331,6 +418,8 @@ class keyed_task_group {
   // the slot go on.
   static asio::awaitable<void> run_child(keyed_task_group* self, ticket t,
                                          asio::awaitable<void> child) {
+    auto* p = self->progress_.get();
+    if (p) p->started(self->keys_->buffered());
     std::exception_ptr error;
     try {
       co_await std::move(child);
@@ -338,18 +427,25 @@ class keyed_task_group {
       error = std::current_exception();
     }
     t.reset();
+    if (p) p->ended(error != nullptr, self->keys_->buffered(), false);
     // A failure stops the group (task_group::run): nothing more starts, not
     // even in the instant before the group learns of it.
+    const bool refilled = !error && self->pump(1);
+    if (p && !refilled) {  // else the child taking the slot reports as it starts
+      p->waiting(self->keys_->buffered());
+      p->tick();
+    }
     if (error) std::rethrow_exception(error);
-    self->pump(1);
   }
 
   task_group* g_ = nullptr;
-  std::shared_ptr<state> keys_;    // children waiting for their key; the keys' room
-  std::unique_ptr<gate> gate_;     // with a keyed limit: its waits
-  asio::any_io_executor ex_;       // with a keyed limit: run's
-  bool asking_ = false;            // the asker runs
-  std::exception_ptr wait_error_;  // the limit refused a wait
+  std::shared_ptr<state> keys_;             // children waiting for their key; the keys' room
+  std::unique_ptr<detail::key_gate> gate_;  // with a keyed limit: its waits
+  asio::any_io_executor ex_;                // with a keyed limit: run's
+  bool asking_ = false;                     // the asker runs
+  bool stopped_ = false;                    // a stop request came
+  hooks_ptr progress_;                      // progress reports on the children, or null
+  std::exception_ptr wait_error_;           // the limit refused a wait
   std::size_t buffer_;
   detail::producer_queue<std::pair<Key, asio::awaitable<void>>> producers_;
 };

@@ -13,7 +13,8 @@
 // (try_take), with the grant (the task's ticket). If none, the owner calls
 // ask_ready(): one wait on the limit per ready key, at most one per key; a
 // wait that ends calls on_change (with the limit's error if it refused, e.g.
-// its shed bound), and the owner tries take() again. When take() hands out
+// its shed bound), and the owner tries take() again (at once, without
+// parking, when the wait ended inside ask_ready). When take() hands out
 // an item, and when the owner has no free slot (withdraw()), the other waits
 // are withdrawn: cancelled (a grant racing the cancellation is handed on by
 // the limit) and grants already in hand dropped, which gives them back. So a
@@ -59,6 +60,15 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
   key_asks(std::shared_ptr<State> st, Limit& l, std::function<void(std::exception_ptr)> on_change)
       : st_(std::move(st)), limit_(&l), on_change_(std::move(on_change)) {}
 
+  // Before the first take: the limit learns the fan-out's executor (its
+  // clock; keyed_limit_traits::bind). Once; throws what the limit throws.
+  template <class Executor>
+  void bind(const Executor& ex) {
+    if (bound_) return;
+    traits::bind(*limit_, asio::any_io_executor(ex));
+    bound_ = true;
+  }
+
   // The head item of the first ready key whose grant is in hand or free.
   std::optional<taken> take() {
     std::optional<grant> g;
@@ -78,8 +88,11 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
     return std::nullopt;
   }
 
-  // One wait on the limit for every ready key that has none.
-  void ask_ready(const asio::any_io_executor& ex) {
+  // One wait on the limit for every ready key that has none. True if a wait
+  // ended inside (a limit that answers without suspending: its on_change
+  // came before the owner parked): the owner tries again instead of parking.
+  bool ask_ready(const asio::any_io_executor& ex) {
+    const std::size_t ended = ended_;
     if (set_->running() == 0 && set_->size() >= 64) set_ = child_set::make();  // finished slots go
     st_->find_ready([&](const key_type& k) {
       auto [a, made] = asks_.try_emplace(k);
@@ -89,6 +102,7 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
       }
       return false;
     });
+    return ended_ != ended;
   }
 
   // Cancels every live wait and drops the grants in hand.
@@ -150,6 +164,7 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
     } catch (...) {
       error = std::current_exception();
     }
+    ++self->ended_;
     auto a = self->asks_.find(k);  // there: a live wait's entry is kept
     a->second.live = false;
     const bool withdrawn = a->second.withdrawn;
@@ -166,6 +181,46 @@ class key_asks : public std::enable_shared_from_this<key_asks<State, Limit>> {
   std::function<void(std::exception_ptr)> on_change_;
   std::unordered_map<key_type, ask, typename State::hash_type> asks_;
   std::shared_ptr<child_set> set_ = child_set::make();
+  std::size_t ended_ = 0;  // waits ended so far
+  bool bound_ = false;     // bind() done
+};
+
+// keyed_task_group's waits on a keyed limit the caller owns
+// (run(limit, keyed, ...)), type-erased so that the group's type does not
+// name the limit.
+struct key_gate {
+  virtual ~key_gate() = default;
+  // A waiting child whose grant is in hand or free, wrapped to hold it.
+  virtual std::optional<asio::awaitable<void>> take() = 0;
+  // True if a wait ended already (see key_asks::ask_ready).
+  virtual bool ask(const asio::any_io_executor& ex) = 0;
+  virtual void withdraw() = 0;
+  virtual asio::awaitable<void> join(asio::any_io_executor ex) = 0;
+};
+
+template <class State, class Limit>
+struct key_gate_for final : key_gate {
+  using asks = key_asks<State, Limit>;
+  // The limit bound to `ex`'s clock (key_asks::bind).
+  key_gate_for(std::shared_ptr<State> st, Limit& l,
+               std::function<void(std::exception_ptr)> on_change, const asio::any_io_executor& ex)
+      : a(std::make_shared<asks>(std::move(st), l, std::move(on_change))) {
+    a->bind(ex);
+  }
+  std::optional<asio::awaitable<void>> take() override {
+    auto t = a->take();
+    if (!t) return std::nullopt;
+    return holding(std::move(t->first), std::move(t->second));
+  }
+  bool ask(const asio::any_io_executor& ex) override { return a->ask_ready(ex); }
+  void withdraw() override { a->withdraw(); }
+  asio::awaitable<void> join(asio::any_io_executor ex) override { return a->join(ex); }
+  // The child, holding its grant for its run (a rate start is spent now).
+  static asio::awaitable<void> holding(typename asks::grant g, asio::awaitable<void> child) {
+    if constexpr (requires { g.spend(); }) g.spend();
+    co_await std::move(child);
+  }
+  std::shared_ptr<asks> a;
 };
 
 }  // namespace sluice::detail

@@ -11,6 +11,9 @@
 // - grant: what a key's head input holds once the limit let it start, before
 //   its task runs; destroying it gives it back to the limit (a permit to the
 //   key's next waiter, a rate start forgotten, as if never taken).
+// - bind(l, ex): before the first try_take, the fan-out's executor (its
+//   clock: a keyed_rate_limiter built without an executor binds to it, as to
+//   a waiter's, instead of to the steady clock at try_take).
 // - try_take(l, key): a grant if the key is free now and nobody waits for it.
 // - wait(l, key): waits for a grant of key; a cancelled wait takes nothing
 //   (the limits hand a grant racing the cancellation on).
@@ -22,6 +25,7 @@
 #include <sluice/detail/asio.hpp>
 
 #include <chrono>
+#include <concepts>
 #include <optional>
 #include <utility>
 
@@ -39,6 +43,10 @@ struct keyed_limit_access {
   template <class L, class K>
   static auto acquire_start(L& l, K key) {
     return l.acquire_start(std::move(key));
+  }
+  template <class L>
+  static void bind_clock(L& l, const asio::any_io_executor& ex) {
+    l.bind_clock(ex);
   }
   template <class L, class K>
   static auto try_start(L& l, const K& key) {
@@ -62,6 +70,7 @@ struct keyed_limit_traits<keyed_semaphore<K, H, E>> {
   using key_type = K;
   using grant = typename limit::permit;
 
+  static void bind(limit&, const asio::any_io_executor&) noexcept {}
   static std::optional<grant> try_take(limit& l, const K& key) { return l.try_acquire(key); }
   static asio::awaitable<grant> wait(limit& l, K key) { return l.scoped_acquire(std::move(key)); }
 };
@@ -101,6 +110,9 @@ struct keyed_limit_traits<keyed_rate_limiter<K, H, E>> {
     std::chrono::steady_clock::time_point at_{};
   };
 
+  static void bind(limit& l, const asio::any_io_executor& ex) {
+    keyed_limit_access::bind_clock(l, ex);
+  }
   static std::optional<grant> try_take(limit& l, const K& key) {
     if (auto at = keyed_limit_access::try_start(l, key)) return grant(l, key, *at);
     return std::nullopt;
@@ -111,6 +123,11 @@ struct keyed_limit_traits<keyed_rate_limiter<K, H, E>> {
     co_return grant(l, std::move(key), at);
   }
 };
+
+// A keyed limit whose key type is K (keyed_task_group<K>::run's).
+template <class L, class K>
+concept keyed_limit_of =
+    keyed_limit_traits<L>::valid && std::same_as<typename keyed_limit_traits<L>::key_type, K>;
 
 }  // namespace sluice::detail
 

@@ -115,6 +115,7 @@ class keyed_source {
   // was handed out.
   asio::awaitable<std::optional<item>, Executor> next() {
     const Executor ex = co_await asio::this_coro::executor;
+    if constexpr (limited) asks_->bind(ex);
     bool scanned = false;  // limited: every ready key was tried since the last park
     for (;;) {
       if (auto e = std::exchange(state_->error, nullptr)) std::rethrow_exception(e);
@@ -148,7 +149,8 @@ class keyed_source {
           continue;
         }
       }
-      if constexpr (limited) asks_->ask_ready(ex);
+      if constexpr (limited)
+        if (asks_->ask_ready(ex)) continue;  // a wait ended already: no wake-up to park for
       co_await state_->park(ex);
     }
   }
