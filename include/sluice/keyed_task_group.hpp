@@ -6,6 +6,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/key_asks.hpp>
 #include <sluice/detail/key_queues.hpp>
+#include <sluice/detail/keyed_group_limited.hpp>
 #include <sluice/detail/keyed_limit.hpp>
 #include <sluice/detail/producer_queue.hpp>
 #include <sluice/progress.hpp>
@@ -98,6 +99,8 @@ class keyed_task_group : private detail::stop_listener {
   using ticket = typename state::ticket;
   using hooks_ptr = std::unique_ptr<detail::progress_hooks>;
   struct tag {};
+  using limited = detail::keyed_group_limited<keyed_task_group>;
+  friend limited;
 
  public:
   /// Runs `body(group)` and every child it spawns, at most `limit` at once and
@@ -162,21 +165,21 @@ class keyed_task_group : private detail::stop_listener {
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
                                                  by_key_options o = {}) {
     check(limit == 0 || o.buffer == 0, "limit and buffer");
-    return run_limited(limit, keyed, std::move(body), o, nullptr, nullptr);
+    return limited::run(limit, keyed, std::move(body), o, nullptr, nullptr);
   }
   /// As above, stopped gracefully by `stop` (see the class comment).
   template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
                                                  stop_source& stop, by_key_options o = {}) {
     check(limit == 0 || o.buffer == 0, "limit and buffer");
-    return run_limited(limit, keyed, std::move(body), o, &stop, nullptr);
+    return limited::run(limit, keyed, std::move(body), o, &stop, nullptr);
   }
   /// As above, with progress reports on the children (see the class comment).
   template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body, class F>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Limit& keyed, Body body,
                                                  progress<F> report, by_key_options o = {}) {
     check(limit == 0 || o.buffer == 0, "limit and buffer");
-    return run_limited(limit, keyed, std::move(body), o, nullptr, hooks(std::move(report)));
+    return limited::run(limit, keyed, std::move(body), o, nullptr, hooks(std::move(report)));
   }
   /// As above, stopped by `stop`, with progress reports.
   template <detail::keyed_limit_of<Key> Limit, keyed_task_group_body<Key, Hash> Body, class F>
@@ -184,7 +187,7 @@ class keyed_task_group : private detail::stop_listener {
                                                  stop_source& stop, progress<F> report,
                                                  by_key_options o = {}) {
     check(limit == 0 || o.buffer == 0, "limit and buffer");
-    return run_limited(limit, keyed, std::move(body), o, &stop, hooks(std::move(report)));
+    return limited::run(limit, keyed, std::move(body), o, &stop, hooks(std::move(report)));
   }
 
   /// Queues `child` under `key`; it starts once its key has room and a slot
@@ -315,62 +318,6 @@ class keyed_task_group : private detail::stop_listener {
     if (asking_) keys_->wake();
   }
 
-  template <class Limit, class Body>
-  static asio::awaitable<void> run_limited(std::size_t limit, Limit& keyed, Body body,
-                                           by_key_options o, stop_source* stop,
-                                           hooks_ptr progress) {
-    // Before the limit is bound to the caller's clock (key_gate_for).
-    if (!may_start(co_await asio::this_coro::cancellation_state, stop)) co_return;
-    keyed_task_group self(tag{}, static_cast<std::size_t>(-1), o);  // the limit bounds each key
-    self.ex_ = co_await asio::this_coro::executor;
-    self.gate_ = std::make_unique<detail::key_gate_for<state, Limit>>(
-        self.keys_, keyed,
-        [&self](std::exception_ptr e) {
-          if (e && !self.wait_error_) self.wait_error_ = std::move(e);
-          self.keys_->wake();
-        },
-        self.ex_);
-    self.progress_ = std::move(progress);
-    std::exception_ptr error;
-    try {
-      co_await run_impl(limit, std::move(body), self, stop);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    // Every wait on the limit ends before run does, even for a cancelled caller.
-    const bool was = co_await asio::this_coro::throw_if_cancelled();
-    co_await asio::this_coro::throw_if_cancelled(false);
-    co_await self.gate_->join(self.ex_);
-    co_await asio::this_coro::throw_if_cancelled(was);
-    if (error) std::rethrow_exception(error);
-  }
-
-  // With a gate: the child that keeps a free slot while children wait for
-  // their key's grant. It asks the limit and parks until a wait ends or a
-  // child is queued, then runs the first child granted in its own slot; it
-  // leaves when nothing waits any more or the group stops (withdrawing its
-  // waits either way).
-  static asio::awaitable<void> asker(keyed_task_group* self) {
-    std::optional<asio::awaitable<void>> child;
-    std::exception_ptr error;
-    while (!self->stopping() && self->keys_->buffered() != 0) {
-      if ((error = std::exchange(self->wait_error_, nullptr))) break;
-      if ((child = self->gate_->take())) break;
-      if (self->gate_->ask(self->ex_)) continue;  // a wait ended already: try again
-      try {
-        co_await self->keys_->park(self->ex_);
-      } catch (const system_error&) {
-        break;  // cancelled: the group stops
-      }
-    }
-    self->asking_ = false;
-    self->gate_->withdraw();
-    if (error) std::rethrow_exception(error);  // the limit refused a wait: the group fails
-    if (!child) co_return;
-    self->pump(0);  // other free slots take what may start now
-    co_await run_child(self, ticket(), std::move(*child));
-  }
-
   // Moves the children that may start into the group: while it has a free
   // slot (counting `leaving`, the child calling from its end), the next
   // child whose key has room; then lets waiting producers into the freed
@@ -400,7 +347,7 @@ class keyed_task_group : private detail::stop_listener {
         if (!child) {
           if (keys_->buffered() == 0) return started;
           asking_ = true;
-          g_->spawn(asker(this));
+          g_->spawn(limited::asker(this));
           return started;
         }
         g_->spawn(run_child(this, ticket(), std::move(*child)));
