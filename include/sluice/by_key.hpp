@@ -8,13 +8,13 @@
 #include <sluice/detail/keyed_gather.hpp>
 #include <sluice/detail/keyed_limit.hpp>
 #include <sluice/detail/keyed_source.hpp>
+#include <sluice/detail/ranges.hpp>
 #include <sluice/map_unordered.hpp>
 #include <sluice/outcome.hpp>
 
 #include <concepts>
 #include <cstddef>
 #include <functional>
-#include <ranges>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>

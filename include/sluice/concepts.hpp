@@ -3,6 +3,7 @@
 #define SLUICE_CONCEPTS_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/ranges.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -10,7 +11,6 @@
 #include <cstddef>
 #include <iterator>
 #include <optional>
-#include <ranges>
 #include <type_traits>
 
 namespace sluice {

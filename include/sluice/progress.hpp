@@ -6,6 +6,7 @@
 // standard library only, never time.hpp; tests/cmake/layers.cmake checks).
 
 #include <sluice/config.hpp>
+#include <sluice/detail/ranges.hpp>
 #include <sluice/detail/virtual_clock.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -15,7 +16,6 @@
 #include <cstddef>
 #include <exception>
 #include <optional>
-#include <ranges>
 #include <stdexcept>
 #include <utility>
 #include <vector>

@@ -7,6 +7,7 @@
 #include <sluice/detail/aborted.hpp>
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/range_holder.hpp>
+#include <sluice/detail/ranges.hpp>
 #include <sluice/gather.hpp>
 #include <sluice/outcome.hpp>
 #include <sluice/time.hpp>
@@ -21,7 +22,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <ranges>
 #include <stdexcept>
 #include <string>
 #include <system_error>

@@ -10,6 +10,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/range_holder.hpp>
+#include <sluice/detail/ranges.hpp>
 #include <sluice/outcome.hpp>
 #include <sluice/progress.hpp>
 

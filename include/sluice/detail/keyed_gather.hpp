@@ -12,6 +12,7 @@
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
 #include <sluice/detail/range_holder.hpp>
+#include <sluice/detail/ranges.hpp>
 #include <sluice/for_each.hpp>
 #include <sluice/outcome.hpp>
 
@@ -21,7 +22,6 @@
 #include <exception>
 #include <memory>
 #include <optional>
-#include <ranges>
 #include <type_traits>
 #include <utility>
 #include <variant>

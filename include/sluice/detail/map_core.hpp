@@ -10,6 +10,7 @@
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
 #include <sluice/detail/range_holder.hpp>
+#include <sluice/detail/ranges.hpp>
 #include <sluice/detail/stream_core.hpp>
 #include <sluice/outcome.hpp>
 #include <sluice/progress.hpp>
@@ -23,7 +24,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <ranges>
 #include <stdexcept>
 #include <string>
 #include <type_traits>

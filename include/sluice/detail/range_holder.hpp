@@ -3,10 +3,10 @@
 #define SLUICE_DETAIL_RANGE_HOLDER_HPP
 
 #include <sluice/config.hpp>
+#include <sluice/detail/ranges.hpp>
 
 #include <memory>
 #include <optional>
-#include <ranges>
 #include <type_traits>
 #include <utility>
 
