@@ -664,6 +664,10 @@ TEST_CASE(
         loop, [&]() -> asio::awaitable<void> { co_await hold(co_await cap.scoped_acquire()); });
     CHECK(cap.stats().shed == 1);
     CHECK(cap.in_flight() == 0);
+    // A drop at the floor: the algorithm backs off, the limit stays at min.
+    loop.run([&]() -> asio::awaitable<void> { (co_await cap.scoped_acquire()).dropped(); });
+    CHECK(cap.limit() == 1);
+    CHECK(cap.in_flight() == 0);
   }
   SECTION("shared_semaphore") {
     virtual_loop loop;

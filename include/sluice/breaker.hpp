@@ -118,19 +118,8 @@ class breaker_core {
   };
   using change = std::pair<breaker_state, breaker_state>;
 
-  explicit breaker_core(breaker_options o) : opt_(std::move(o)) {
-    const auto bad_rate = [](double r) {
-      return !(r > 0.0 && r <= 1.0);
-    };
-    if (bad_rate(opt_.failure_rate) || bad_rate(opt_.slow_call_rate))
-      throw std::invalid_argument("sluice::breaker: the rates must be in (0, 1]");
-    if (opt_.window == 0 && opt_.window_time <= clock::duration::zero())
-      throw std::invalid_argument("sluice::breaker: the window must hold at least one call");
-    if (opt_.half_open_calls == 0)
-      throw std::invalid_argument("sluice::breaker: half_open_calls must be at least 1");
-    if (opt_.open_for < clock::duration::zero() || opt_.slow_call < clock::duration::zero())
-      throw std::invalid_argument("sluice::breaker: open_for and slow_call must be >= 0");
-  }
+  // Throws std::invalid_argument for options out of range.
+  SLUICE_DECL explicit breaker_core(breaker_options o);
 
   // Admits a call at `now` or throws breaker_open_error.
   ticket admit(clock::time_point now) {
@@ -191,16 +180,7 @@ class breaker_core {
       --trials_started_;
   }
 
-  [[nodiscard]] breaker_stats stats(clock::time_point now) {
-    std::lock_guard lock(mutex_);
-    expire(now);
-    breaker_stats s = stats_;
-    s.state = state_;
-    s.window_calls = window_calls_;
-    s.window_failures = window_failures_;
-    s.window_slow = window_slow_;
-    return s;
-  }
+  [[nodiscard]] SLUICE_DECL breaker_stats stats(clock::time_point now);
 
   [[nodiscard]] const breaker_options& options() const noexcept { return opt_; }
 
@@ -233,19 +213,8 @@ class breaker_core {
     if (opt_.window_time <= clock::duration::zero() || now == clock::time_point::min()) return;
     while (!window_.empty() && now - window_.front().at >= opt_.window_time) pop();
   }
-  change move_to(breaker_state to, clock::time_point now) {
-    const change c{state_, to};
-    state_ = to;
-    ++generation_;
-    window_.clear();
-    window_calls_ = window_failures_ = window_slow_ = 0;
-    trials_started_ = trials_done_ = trial_failures_ = trial_slow_ = 0;
-    if (to == breaker_state::open) {
-      opened_at_ = now;
-      ++stats_.opened;
-    }
-    return c;
-  }
+  // A transition (cold: the window starts empty).
+  SLUICE_DECL change move_to(breaker_state to, clock::time_point now);
   void notify(change c) const noexcept {
     if (c.first != c.second && opt_.on_state_change) opt_.on_state_change(c.first, c.second);
   }
@@ -373,5 +342,9 @@ class circuit_breaker {
 }
 
 }  // namespace sluice
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/breaker.ipp>
+#endif
 
 #endif  // SLUICE_BREAKER_HPP

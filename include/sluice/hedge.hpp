@@ -10,14 +10,12 @@
 #include <sluice/detail/asio.hpp>
 #include <sluice/detail/child_set.hpp>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -55,11 +53,7 @@ namespace detail {
 // The latencies and counts of one hedge layer, under one mutex.
 class hedge_core {
  public:
-  explicit hedge_core(hedge_options o) : opt_(o) {
-    if (!(opt_.budget >= 0.0) || !(opt_.quantile >= 0.0 && opt_.quantile < 1.0))
-      throw std::invalid_argument("sluice::hedge: budget must be >= 0 and quantile in [0, 1)");
-    if (opt_.window == 0) throw std::invalid_argument("sluice::hedge: window must be >= 1");
-  }
+  SLUICE_DECL explicit hedge_core(hedge_options o);
   clock::duration begin() {
     std::lock_guard lock(mutex_);
     ++stats_.calls;
@@ -85,23 +79,12 @@ class hedge_core {
       next_ = (next_ + 1) % opt_.window;
     }
   }
-  hedge_stats stats() {
-    std::lock_guard lock(mutex_);
-    hedge_stats s = stats_;
-    s.delay = delay_locked();
-    return s;
-  }
+  SLUICE_DECL hedge_stats stats();
 
  private:
-  clock::duration delay_locked() {
-    if (opt_.quantile <= 0.0 || samples_.size() < opt_.min_samples || samples_.empty())
-      return opt_.after;
-    sorted_ = samples_;
-    const auto k = static_cast<std::size_t>(opt_.quantile * static_cast<double>(sorted_.size()));
-    std::nth_element(sorted_.begin(), sorted_.begin() + static_cast<std::ptrdiff_t>(k),
-                     sorted_.end());
-    return sorted_[k];
-  }
+  // The quantile of the samples (the delay of a call starting now).
+  SLUICE_DECL clock::duration delay_locked();
+
   hedge_options opt_;
   std::mutex mutex_;
   std::vector<clock::duration> samples_, sorted_;
@@ -252,5 +235,9 @@ class hedge_layer {
 }
 
 }  // namespace sluice
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/hedge.ipp>
+#endif
 
 #endif  // SLUICE_HEDGE_HPP

@@ -2,12 +2,12 @@
 #ifndef SLUICE_PROMETHEUS_HPP
 #define SLUICE_PROMETHEUS_HPP
 
+#include <sluice/config.hpp>
 #include <sluice/stats.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <string>
 #include <string_view>
@@ -40,20 +40,7 @@ namespace sluice {
 class prometheus_text {
  public:
   /// A limit's `sluice::stats` under `name`.
-  prometheus_text& add(std::string_view name, const stats& s) {
-    const std::string l = label(name);
-    counter("sluice_limit_acquired_total", "Grants so far.", l, s.acquired);
-    counter("sluice_limit_cancelled_total", "Waits that ended cancelled.", l, s.cancelled);
-    counter("sluice_limit_throttled_total", "Requests a limiter delayed or refused.", l,
-            s.throttled);
-    counter("sluice_limit_shed_total", "Calls the limit's shed_options refused.", l, s.shed);
-    gauge("sluice_limit_waiting", "Operations waiting now.", l, s.waiting);
-    gauge("sluice_limit_in_use", "Permits (units) held now.", l, s.in_use);
-    gauge("sluice_limit_limit", "The cap now.", l, s.limit);
-    summary("sluice_limit_wait_seconds", "From a request to its grant.", l, s.wait);
-    summary("sluice_limit_hold_seconds", "From a grant to its release.", l, s.hold);
-    return *this;
-  }
+  SLUICE_DECL prometheus_text& add(std::string_view name, const stats& s);
 
   /// Every layer of a `sluice::call_policy` that has stats, under `name`.
   template <class Policy>
@@ -64,14 +51,7 @@ class prometheus_text {
   }
 
   /// The exposition text of everything added so far.
-  [[nodiscard]] std::string str() const {
-    std::string out;
-    for (const auto& [metric, f] : families_) {
-      out += "# HELP " + metric + " " + f.help + "\n# TYPE " + metric + " " + f.type + "\n";
-      out += f.samples;
-    }
-    return out;
-  }
+  [[nodiscard]] SLUICE_DECL std::string str() const;
 
  private:
   struct family {
@@ -119,34 +99,26 @@ class prometheus_text {
   }
 
   static std::string label(std::string_view name) { return "name=\"" + std::string(name) + "\""; }
-  void sample(const char* metric, const char* type, const char* help, const std::string& labels,
-              const std::string& value, const char* suffix = "") {
-    family& f = families_[metric];
-    f.type = type;
-    f.help = help;
-    f.samples += std::string(metric) + suffix + "{" + labels + "} " + value + "\n";
-  }
+  SLUICE_DECL void sample(const char* metric, const char* type, const char* help,
+                          const std::string& labels, const std::string& value,
+                          const char* suffix = "");
   void counter(const char* m, const char* help, const std::string& l, std::uint64_t v) {
     sample(m, "counter", help, l, std::to_string(v));
   }
   void gauge(const char* m, const char* help, const std::string& l, std::uint64_t v) {
     sample(m, "gauge", help, l, std::to_string(v));
   }
-  void summary(const char* m, const char* help, const std::string& l, const duration_stats& d) {
-    sample(m, "summary", help, l + ",quantile=\"0.5\"", seconds(d.p50));
-    sample(m, "summary", help, l + ",quantile=\"0.99\"", seconds(d.p99));
-    sample(m, "summary", help, l, seconds(d.total), "_sum");
-    sample(m, "summary", help, l, std::to_string(d.count), "_count");
-  }
-  static std::string seconds(std::chrono::nanoseconds d) {
-    char buf[48];
-    std::snprintf(buf, sizeof buf, "%.9g", std::chrono::duration<double>(d).count());
-    return buf;
-  }
+  SLUICE_DECL void summary(const char* m, const char* help, const std::string& l,
+                           const duration_stats& d);
+  SLUICE_DECL static std::string seconds(std::chrono::nanoseconds d);
 
   std::map<std::string, family> families_;
 };
 
 }  // namespace sluice
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/prometheus.ipp>
+#endif
 
 #endif  // SLUICE_PROMETHEUS_HPP

@@ -41,6 +41,15 @@ template void loop_held_handler<>::hold(awaitable_handler_t<void()>&&,
 
 }  // namespace detail
 
+// The umbrella's cold paths (the rest of them are the SLUICE_DECL functions of
+// impl/*.ipp, compiled by the includes above).
+namespace detail {
+
+template std::unique_ptr<wait_bound> wait_bound::make<void>(const shed_options&, const char*,
+                                                            void (*)(void*), void*);
+
+}  // namespace detail
+
 }  // namespace sluice
 
 #endif  // SLUICE_SRC_HPP

@@ -8,13 +8,13 @@
 // reads target() after each event and moves its integer limit there.
 
 #include <sluice/adaptive_algorithms.hpp>
+#include <sluice/config.hpp>
 #include <sluice/detail/doubles.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -32,27 +32,9 @@ class adaptive_estimator {
   adaptive_estimator(std::size_t initial, std::size_t min, std::size_t max, algorithm a) noexcept
       : min_(min), max_(max), estimate_(static_cast<double>(initial)), algorithm_(a) {}
 
-  // Throws std::invalid_argument (through `fail`) for parameters out of range.
-  template <class Fail>
-  static void check(const algorithm& algo, Fail fail) {
-    std::visit(
-        [&](const auto& a) {
-          if (!(a.backoff > 0.0 && a.backoff <= 1.0)) fail("backoff must be in (0, 1]");
-          using A = std::decay_t<decltype(a)>;
-          if constexpr (std::is_same_v<A, vegas>) {
-            if (!(a.alpha >= 0.0 && a.beta >= a.alpha)) fail("vegas needs 0 <= alpha <= beta");
-          } else if (!(a.increase >= 0.0)) {
-            fail("increase must be >= 0");
-          }
-          if constexpr (std::is_same_v<A, gradient>) {
-            if (!(a.tolerance > 1.0)) fail("gradient tolerance must be > 1");
-          }
-          if constexpr (!std::is_same_v<A, aimd>) {
-            if (a.baseline_window < 1) fail("baseline_window must be >= 1");
-          }
-        },
-        algo);
-  }
+  // Throws std::invalid_argument (through `fail`, which throws) for parameters
+  // out of range.
+  SLUICE_DECL static void check(const algorithm& algo, void (*fail)(const std::string&));
 
   // The integer limit the estimate stands for: floor(estimate_) in [min, max].
   // Compared as doubles first: a max near 2^64 rounds up to 2^64, which does
@@ -72,16 +54,7 @@ class adaptive_estimator {
 
   // A throttle or a drop of a permit granted in `epoch`, with the limit at
   // `limit`: one multiplicative decrease per congestion event.
-  void on_pushback(std::uint64_t epoch, std::size_t limit) {
-    if (epoch != epoch_) return;
-    ceiling_ = static_cast<double>(limit);
-    std::visit([this](const auto& a) { estimate_ *= a.backoff; }, algorithm_);
-    hold_left_ = std::visit([](const auto& a) { return a.hold; }, algorithm_);
-    round_count_ = 0;
-    round_sum_ = 0.0;
-    ++epoch_;
-    clamp();
-  }
+  SLUICE_DECL void on_pushback(std::uint64_t epoch, std::size_t limit);
 
   // A success of `latency_ns`, of a permit granted with `in_flight` held,
   // while the limit is `limit`.
@@ -178,5 +151,9 @@ class adaptive_estimator {
 };
 
 }  // namespace sluice::detail
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/adaptive_estimator.ipp>
+#endif
 
 #endif  // SLUICE_DETAIL_ADAPTIVE_ESTIMATOR_HPP

@@ -111,9 +111,8 @@ class virtual_clock_service final : public asio::execution_context::service {
   using key_type = virtual_clock_service;
   inline static asio::execution_context::id id;
 
-  explicit virtual_clock_service(asio::execution_context& ctx)
-      : asio::execution_context::service(ctx) {}
-  ~virtual_clock_service() override { now_->ended_.store(true, std::memory_order_release); }
+  SLUICE_DECL explicit virtual_clock_service(asio::execution_context& ctx);
+  SLUICE_DECL ~virtual_clock_service() override;
 
   clock::time_point now() const noexcept { return now_->now(); }
   // The clock's time for a reader that may outlive the context (virtual_now).
@@ -129,77 +128,28 @@ class virtual_clock_service final : public asio::execution_context::service {
     return !heap_.empty() && heap_.front()->deadline != clock::time_point::max();
   }
 
-  void schedule(virtual_timer_node* n) {
-    n->seq = next_seq_++;
-    n->heap_index = heap_.size();
-    heap_.push_back(n);
-    sift_up(n->heap_index);
-  }
+  SLUICE_DECL void schedule(virtual_timer_node* n);
 
   // Removes `n` if it is pending; O(log n).
-  bool cancel(virtual_timer_node* n) noexcept {
-    if (n->heap_index == virtual_timer_node::npos) return false;
-    std::size_t i = n->heap_index;
-    n->heap_index = virtual_timer_node::npos;
-    virtual_timer_node* last = heap_.back();
-    heap_.pop_back();
-    if (i < heap_.size()) {
-      heap_[i] = last;
-      last->heap_index = i;
-      sift_down(i);
-      sift_up(last->heap_index);
-    }
-    return true;
-  }
+  SLUICE_DECL bool cancel(virtual_timer_node* n) noexcept;
 
   // Jumps to `t` (never backwards) and fires every timer due by then, in
   // deadline order (FIFO among equal deadlines), never one at the end of time
   // (see has_due). Fired timers post their handlers; nothing runs inline.
-  void advance_to(clock::time_point t) {
-    if (t > now()) now_->value_.store(t, std::memory_order_relaxed);
-    while (has_due() && heap_.front()->deadline <= now()) {
-      virtual_timer_node* n = heap_.front();
-      cancel(n);
-      n->fire(n, true, error_code{});
-    }
-  }
+  SLUICE_DECL void advance_to(clock::time_point t);
 
  private:
-  void shutdown() override {
-    // The context is going away: destroy pending operations without running them.
-    while (!heap_.empty()) {
-      virtual_timer_node* n = heap_.back();
-      cancel(n);
-      n->fire(n, false, error_code{});
-    }
-  }
+  // The context is going away: destroy pending operations without running them.
+  SLUICE_DECL void shutdown() override;
 
   static bool before(const virtual_timer_node* a, const virtual_timer_node* b) noexcept {
     return a->deadline < b->deadline || (a->deadline == b->deadline && a->seq < b->seq);
   }
-  void swap_nodes(std::size_t i, std::size_t j) noexcept {
-    std::swap(heap_[i], heap_[j]);
-    heap_[i]->heap_index = i;
-    heap_[j]->heap_index = j;
-  }
-  void sift_up(std::size_t i) noexcept {
-    while (i > 0 && before(heap_[i], heap_[(i - 1) / 2])) {
-      swap_nodes(i, (i - 1) / 2);
-      i = (i - 1) / 2;
-    }
-  }
-  void sift_down(std::size_t i) noexcept {
-    for (;;) {
-      std::size_t l = 2 * i + 1, r = l + 1, m = i;
-      if (l < heap_.size() && before(heap_[l], heap_[m])) m = l;
-      if (r < heap_.size() && before(heap_[r], heap_[m])) m = r;
-      if (m == i) return;
-      swap_nodes(i, m);
-      i = m;
-    }
-  }
+  SLUICE_DECL void swap_nodes(std::size_t i, std::size_t j) noexcept;
+  SLUICE_DECL void sift_up(std::size_t i) noexcept;
+  SLUICE_DECL void sift_down(std::size_t i) noexcept;
 
-  std::shared_ptr<virtual_now> now_ = std::make_shared<virtual_now>();
+  std::shared_ptr<virtual_now> now_;  // never null
   std::uint64_t next_seq_ = 0;
   std::vector<virtual_timer_node*> heap_;
 };
@@ -217,5 +167,9 @@ virtual_clock_service* find_virtual_clock(const Executor& ex) {
 }
 
 }  // namespace sluice::detail
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/virtual_clock.ipp>
+#endif
 
 #endif  // SLUICE_DETAIL_VIRTUAL_CLOCK_HPP

@@ -11,7 +11,6 @@
 #include <sluice/config.hpp>
 #include <sluice/overloaded_error.hpp>
 
-#include <sluice/detail/rate_clock.hpp>
 #include <sluice/detail/virtual_clock.hpp>
 #include <sluice/detail/waiter_list.hpp>
 
@@ -38,7 +37,7 @@ namespace sluice::detail {
 // list empties (idle()): it holds nothing of a loop between waits.
 //
 // The timer's side (queued, idle, the re-arm) is virtual, implemented by
-// wait_bound_timer below, which only make() names: a limit built without
+// wait_bound_timer (impl/wait_bound.ipp), which only make() names: a limit built without
 // shed_options never calls make(), so a TU that only uses such limits does
 // not compile the timer (rate_timer, a steady timer's wait: some 170
 // functions of a -O0 object; issue 32).
@@ -113,42 +112,15 @@ class wait_bound {
   clock::duration retry_after_;
 };
 
-// wait_bound's timer: on the virtual clock of the last waiter queued, or on a
-// steady timer of its executor's context.
-class wait_bound_timer final : public wait_bound {
- public:
-  wait_bound_timer(const shed_options& o, void (*expire)(void*), void* context)
-      : wait_bound(o), timer_(expire, context) {}
-
-  void queued(bool alone, clock::time_point since, virtual_clock_service* v,
-              const asio::any_io_executor& ex) override {
-    if (!timed() || (v == nullptr && !ex)) return;
-    vclock_ = v;
-    ex_ = ex;
-    if (alone) timer_.arm(v, ex, deadline(since));
-  }
-  void idle() noexcept override {
-    timer_.disarm();
-    ex_ = {};
-  }
-
- private:
-  void rearm(clock::time_point d) override { timer_.arm(vclock_, ex_, d); }
-
-  rate_timer timer_;
-  virtual_clock_service* vclock_ = nullptr;
-  asio::any_io_executor ex_;  // the last queued waiter's: where a steady timer runs
-};
-
-template <class Lazy>
-std::unique_ptr<wait_bound> wait_bound::make(const shed_options& o, const char* who,
-                                             void (*expire)(void*), void* context) {
-  check(o, who);
-  if (o.max_waiting == shed_options{}.max_waiting && o.max_wait == clock::duration::max())
-    return nullptr;
-  return std::make_unique<wait_bound_timer>(o, expire, context);
-}
+#if defined(SLUICE_SEPARATE_COMPILATION)
+extern template std::unique_ptr<wait_bound> wait_bound::make<void>(const shed_options&, const char*,
+                                                                   void (*)(void*), void*);
+#endif
 
 }  // namespace sluice::detail
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/wait_bound.ipp>
+#endif
 
 #endif  // SLUICE_DETAIL_WAIT_BOUND_HPP
