@@ -114,27 +114,7 @@ class loop_life {
 
   // The context is going away: detach every hook and run its on_end, until
   // none is left or expected back.
-  void end() noexcept {
-    std::unique_lock<std::recursive_mutex> lock(mutex_);
-    ended_.store(true, std::memory_order_release);
-    for (;;) {
-      while (loop_hook* h = first_) {
-        unlink(first_, *h);
-        h->on_end(h);
-      }
-      while (loop_hook* h = head_) {
-        unlink(head_, *h);
-        h->on_end(h);
-      }
-      if (expected_ == 0) return;
-      // Wait for a hand_back() (made under the lock: none is missed between
-      // the read and the wait).
-      const std::uint32_t seen = hand_backs_.load(std::memory_order_acquire);
-      lock.unlock();
-      hand_backs_.wait(seen, std::memory_order_acquire);
-      lock.lock();
-    }
-  }
+  SLUICE_DECL void end() noexcept;
 
  private:
   static void link(loop_hook*& head, loop_hook& h) noexcept {
@@ -167,8 +147,7 @@ class loop_service final : public asio::execution_context::service {
   using key_type = loop_service;
   inline static asio::execution_context::id id;
 
-  explicit loop_service(asio::execution_context& ctx)
-      : asio::execution_context::service(ctx), life_(std::make_shared<loop_life>()) {}
+  SLUICE_DECL explicit loop_service(asio::execution_context& ctx);
 
   // The life of `ctx` (the service is added on first use). Call it from code
   // that runs on the context, or while the context is known to be alive.
@@ -192,7 +171,7 @@ class loop_service final : public asio::execution_context::service {
                       asio::execution::context_as_t<asio::execution_context&>>::value;
 
  private:
-  void shutdown() override { life_->end(); }
+  SLUICE_DECL void shutdown() override;
 
   std::shared_ptr<loop_life> life_;
 };
@@ -280,5 +259,9 @@ extern template void loop_held_handler<>::hold(awaitable_handler_t<void()>&&,
 #endif
 
 }  // namespace sluice::detail
+
+#if SLUICE_HEADER_DEFS
+#include <sluice/impl/loop_service.ipp>
+#endif
 
 #endif  // SLUICE_DETAIL_LOOP_SERVICE_HPP
