@@ -96,27 +96,32 @@ class stream_core : public stream_delivery<T, Executor> {
     // is one more than Asio's frame cache, two blocks, recycles: a heap
     // allocation per wave.) wait_result() does not depend on T: compiled once
     // per executor, not per result type (issue 32).
-    bool waited = false;
-    bool was = true;
-    bool aborted = false;
     if (c->started_ && !c->consumer_ && !c->finished()) {
       const auto state = co_await asio::this_coro::cancellation_state;
       if (state.cancelled() == asio::cancellation_type::none) {
         co_await c->consumer_wait(false);
-        aborted = std::exchange(c->consumer_aborted_, false);
+        const bool aborted = std::exchange(c->consumer_aborted_, false);
         if (std::optional<T> out; !aborted && c->try_take(out)) co_return out;
         // Asio would throw at this co_await if the caller's cancellation was
         // requested meanwhile: off until wait_result() puts it back.
-        was = co_await asio::this_coro::throw_if_cancelled();
+        const bool was = co_await asio::this_coro::throw_if_cancelled();
         co_await asio::this_coro::throw_if_cancelled(false);
-        waited = true;
+        if (co_await delivery::wait_result(c.operator->(), true, was, aborted))
+          co_return take(*c.operator->());
+        co_return std::nullopt;
       }
     }
     // `c` (next_ref) keeps the core alive while wait_result() runs. A result
     // it reports buffered is taken here before anything else can run.
+    if (co_await delivery::wait_result(c.operator->())) co_return take(*c.operator->());
+    co_return std::nullopt;
+  }
+
+  // The result wait_result() reported buffered.
+  static std::optional<T> take(stream_core& c) {
     std::optional<T> out;
-    if (co_await delivery::wait_result(c.operator->(), waited, was, aborted)) c->try_take(out);
-    co_return out;
+    c.try_take(out);
+    return out;
   }
 
   // The stream has already been stopped (abandon()) by stream::close(). The
