@@ -98,13 +98,14 @@ class stream_consumer : public stream_workers<Executor> {
   asio::awaitable<void, Executor> consumer_wait(bool cancel_now);
 
   // next() when no result is buffered (stream_core::next(), which keeps `c`
-  // alive): starts the stream at the first call, waits until a result is
-  // buffered (true: next() takes it) or the stream has finished (false), and
-  // then shuts an owned input down if the stream was stopped, and throws the
-  // consumer's cancellation or the stream's failure. `waited`: next() has
+  // alive): starts the stream at the first call, returns when a result is
+  // buffered (next() takes it) or the stream has finished (the buffer empty),
+  // and then shuts an owned input down if the stream was stopped, and throws
+  // the consumer's cancellation or the stream's failure. awaitable<void>, not
+  // a bool: every awaitable<T> type costs a TU some 15 functions of Asio's. `waited`: next() has
   // waited once already (`was`: its throw_if_cancelled before it turned it
   // off; `aborted`: that wait ended by the consumer's cancellation).
-  static asio::awaitable<bool, Executor> wait_result(stream_consumer* c, bool waited = false,
+  static asio::awaitable<void, Executor> wait_result(stream_consumer* c, bool waited = false,
                                                      bool was = true, bool aborted = false);
 
   // consumer_wait()'s: the sink (if any) takes results while this consumer
@@ -202,7 +203,7 @@ asio::awaitable<void, Executor> stream_consumer<Executor>::consumer_wait(bool ca
 }
 
 template <class Executor>
-asio::awaitable<bool, Executor> stream_consumer<Executor>::wait_result(stream_consumer* c,
+asio::awaitable<void, Executor> stream_consumer<Executor>::wait_result(stream_consumer* c,
                                                                        bool waited, bool was,
                                                                        bool aborted) {
   bool cancelled = false;
@@ -229,7 +230,7 @@ asio::awaitable<bool, Executor> stream_consumer<Executor>::wait_result(stream_co
   error_code ec;
   if (aborted) ec = asio::error::operation_aborted;
   while (!ec) {
-    if (c->has_result()) co_return true;  // read: its slot goes to the next input at once
+    if (c->has_result()) co_return;  // read: its slot goes to the next input at once
     if (c->finished()) break;
     co_await c->consumer_wait(cancelled);
     if (std::exchange(c->consumer_aborted_, false)) ec = asio::error::operation_aborted;
@@ -245,7 +246,6 @@ asio::awaitable<bool, Executor> stream_consumer<Executor>::wait_result(stream_co
   }
   if (ec) throw system_error(ec, "sluice::stream::next");
   if (auto e = std::exchange(c->error_, nullptr)) std::rethrow_exception(e);
-  co_return false;
 }
 
 template <class Executor>

@@ -106,18 +106,17 @@ class stream_core : public stream_delivery<T, Executor> {
         // requested meanwhile: off until wait_result() puts it back.
         const bool was = co_await asio::this_coro::throw_if_cancelled();
         co_await asio::this_coro::throw_if_cancelled(false);
-        if (co_await delivery::wait_result(c.operator->(), true, was, aborted))
-          co_return take(*c.operator->());
-        co_return std::nullopt;
+        co_await delivery::wait_result(c.operator->(), true, was, aborted);
+        co_return take(*c.operator->());
       }
     }
     // `c` (next_ref) keeps the core alive while wait_result() runs. A result
-    // it reports buffered is taken here before anything else can run.
-    if (co_await delivery::wait_result(c.operator->())) co_return take(*c.operator->());
-    co_return std::nullopt;
+    // it left buffered is taken here before anything else can run.
+    co_await delivery::wait_result(c.operator->());
+    co_return take(*c.operator->());
   }
 
-  // The result wait_result() reported buffered.
+  // The result wait_result() left buffered; none when the stream finished.
   static std::optional<T> take(stream_core& c) {
     std::optional<T> out;
     c.try_take(out);
