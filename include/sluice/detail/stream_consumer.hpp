@@ -6,13 +6,13 @@
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/completion.hpp>
 #include <sluice/detail/stream_workers.hpp>
+#include <sluice/detail/throw_error.hpp>
 
 #include <sluice/detail/asio.hpp>
 
 #include <cstddef>
 #include <exception>
 #include <stdexcept>
-#include <system_error>
 #include <utility>
 
 namespace sluice::detail {
@@ -222,7 +222,7 @@ asio::awaitable<void, Executor> stream_consumer<Executor>::wait_result(stream_co
     if (!c->started_ && !c->stopping_) {
       if (cancelled) {
         c->abandon();
-        throw system_error(asio::error::operation_aborted, "sluice::stream::next");
+        throw_system_error(asio::error::operation_aborted, "sluice::stream::next");
       }
       c->start(co_await asio::this_coro::executor);
     }
@@ -244,7 +244,7 @@ asio::awaitable<void, Executor> stream_consumer<Executor>::wait_result(stream_co
     co_await workers::shut_input(c);
     co_await asio::this_coro::throw_if_cancelled(on);
   }
-  if (ec) throw system_error(ec, "sluice::stream::next");
+  if (ec) throw_system_error(ec, "sluice::stream::next");
   if (auto e = std::exchange(c->error_, nullptr)) std::rethrow_exception(e);
 }
 

@@ -7,6 +7,7 @@
 #include <sluice/detail/completion.hpp>
 #include <sluice/detail/loop_post.hpp>
 #include <sluice/detail/loop_service.hpp>
+#include <sluice/detail/throw_error.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -262,7 +263,7 @@ asio::awaitable<void, Executor> stream_workers<Executor>::close_stream(
   co_await c->children_->join(ex, ec);
   if (!c->input_shut_) co_await shut_input(c.get());
   co_await asio::this_coro::throw_if_cancelled(was);
-  if (ec) throw system_error(ec, "sluice::stream::close");
+  if (ec) throw_system_error(ec, "sluice::stream::close");
 }
 
 template <class Executor>
