@@ -4,6 +4,7 @@
 
 #include <sluice/concepts.hpp>
 #include <sluice/config.hpp>
+#include <sluice/detail/throw_error.hpp>
 #include <sluice/stream.hpp>
 
 #include <sluice/detail/asio.hpp>
@@ -120,7 +121,7 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
       // while the body ran stops here; with it on, Asio throws at next().
       const auto state = co_await asio::this_coro::cancellation_state;
       if (state.cancelled() != asio::cancellation_type::none)
-        throw system_error(asio::error::operation_aborted, "sluice::for_each");
+        throw_system_error(asio::error::operation_aborted, "sluice::for_each");
       // A result already waiting is taken without a next() frame; next()
       // only when none does (it waits, starts the stream, or ends it).
       std::optional<T> r;
@@ -142,7 +143,7 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
         if constexpr (sync_body) {
           const auto now = co_await asio::this_coro::cancellation_state;
           if (now.cancelled() != asio::cancellation_type::none)
-            throw system_error(asio::error::operation_aborted, "sluice::for_each");
+            throw_system_error(asio::error::operation_aborted, "sluice::for_each");
         }
       }
       bool go_on = true;

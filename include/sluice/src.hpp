@@ -36,6 +36,7 @@ template std::size_t child_set::spawn(const asio::any_io_executor&, asio::awaita
 template asio::awaitable<void> child_set::join(const asio::any_io_executor&, error_code&);
 template class erased_handler<>;
 template class stream_workers<asio::any_io_executor>;
+template class stream_consumer<asio::any_io_executor>;
 template void loop_held_handler<>::hold(awaitable_handler_t<void()>&&,
                                         const asio::any_io_executor&);
 

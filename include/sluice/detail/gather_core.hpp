@@ -11,6 +11,7 @@
 #include <sluice/detail/child_set.hpp>
 #include <sluice/detail/range_holder.hpp>
 #include <sluice/detail/ranges.hpp>
+#include <sluice/detail/throw_error.hpp>
 #include <sluice/outcome.hpp>
 #include <sluice/progress.hpp>
 
@@ -21,9 +22,6 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <stdexcept>
-#include <string>
-#include <system_error>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -160,7 +158,7 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   // throw_if_cancelled(false), where Asio itself would not throw).
   const auto caller = co_await asio::this_coro::cancellation_state;
   if (caller.cancelled() != asio::cancellation_type::none)
-    throw system_error(asio::error::operation_aborted, "sluice: cancelled before start");
+    throw_system_error(asio::error::operation_aborted, "sluice: cancelled before start");
   auto ex = co_await asio::this_coro::executor;
   if constexpr (State::progress_type::enabled) {
     s->progress.begin(ex, size_if_known(s->input.range()));
@@ -192,7 +190,7 @@ asio::awaitable<state_result_t<State>, state_executor_t<State>> run_gather(std::
   co_await asio::this_coro::throw_if_cancelled(throw_before);
   s->progress.finish();
   if (s->first_error) std::rethrow_exception(s->first_error);
-  if (ec) throw system_error(ec, "sluice::gather");
+  if (ec) throw_system_error(ec, "sluice::gather");
   if (auto e = s->children->escaped()) std::rethrow_exception(e);
   if constexpr (State::progress_type::enabled) {
     if (auto e = s->progress.error()) std::rethrow_exception(e);
@@ -223,11 +221,6 @@ auto start_gather(std::size_t limit, R&& r, P&&... p) {
   if constexpr (state::store_results && std::ranges::sized_range<std::remove_reference_t<R>>)
     s->results.reserve(static_cast<std::size_t>(std::ranges::size(s->input.range())));
   return run_gather(std::move(s), limit);
-}
-
-inline void check_limit(std::size_t limit, const char* who) {
-  if (limit == 0)
-    throw std::invalid_argument(std::string(who) + ": limit must be at least 1 (got 0)");
 }
 
 template <class T, class Executor>

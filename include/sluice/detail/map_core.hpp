@@ -12,6 +12,7 @@
 #include <sluice/detail/range_holder.hpp>
 #include <sluice/detail/ranges.hpp>
 #include <sluice/detail/stream_core.hpp>
+#include <sluice/detail/throw_error.hpp>
 #include <sluice/outcome.hpp>
 #include <sluice/progress.hpp>
 #include <sluice/stream.hpp>
@@ -24,8 +25,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -263,9 +262,7 @@ class map_core final
 
 template <bool Settle, bool Filter = false, class F, class In, class... P>
 auto make_map_stream(F fn, In&& in, std::size_t limit, P&&... p) {
-  if (limit == 0)
-    throw std::invalid_argument(std::string(Filter ? "sluice::filter" : "sluice::map_unordered") +
-                                ": limit must be at least 1 (got 0)");
+  check_limit(limit, Filter ? "sluice::filter" : "sluice::map_unordered");
   using core =
       map_core<F, In, Settle, Filter, typename tracker_for<std::remove_cvref_t<P>...>::type>;
   using types = map_types<F, In, Settle, Filter>;

@@ -5,6 +5,7 @@
 #include <sluice/config.hpp>
 #include <sluice/detail/ranges.hpp>
 
+#include <concepts>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -36,6 +37,24 @@ class range_holder<R&> {
   R* r_;
 };
 
+// Where a cursor keeps an iterator or sentinel before begin() is called: the
+// type itself when it can be made empty and assigned (every container's and
+// most views'), an optional otherwise. Not an optional for all: std::optional
+// of an iterator instantiates some 40 functions in every TU that fans out over
+// that range type (issue 32: the fan-out TU's compile cost).
+template <class X>
+using cursor_slot =
+    std::conditional_t<std::default_initializable<X> && std::is_move_assignable_v<X>, X,
+                       std::optional<X>>;
+template <class X>
+X& slot_value(X& x) noexcept {
+  return x;
+}
+template <class X>
+X& slot_value(std::optional<X>& x) noexcept {
+  return *x;
+}
+
 // The iteration state of a held range, advanced one element at a time. The
 // range's begin() is called at the first pull, not when the cursor is made,
 // so a fan-out that is never awaited does no work on its input.
@@ -50,7 +69,7 @@ class range_cursor {
 
   bool done() {
     begin_once();
-    return *it_ == *end_;
+    return slot_value(it_) == slot_value(end_);
   }
   // Takes the current element and advances. Precondition: !done() (which
   // began the range). An owned
@@ -58,13 +77,14 @@ class range_cursor {
   // caller and is copied from, never emptied (a lazy view's prvalues are
   // moved either way).
   auto take() {
+    auto& it = slot_value(it_);
     if constexpr (std::is_lvalue_reference_v<R>) {
-      auto value = **it_;
-      ++*it_;
+      auto value = *it;
+      ++it;
       return value;
     } else {
-      auto value = std::ranges::iter_move(*it_);
-      ++*it_;
+      auto value = std::ranges::iter_move(it);
+      ++it;
       return value;
     }
   }
@@ -72,15 +92,17 @@ class range_cursor {
 
  private:
   void begin_once() {
-    if (it_) [[likely]]
+    if (begun_) [[likely]]
       return;
-    it_.emplace(std::ranges::begin(holder_.get()));
-    end_.emplace(std::ranges::end(holder_.get()));
+    it_ = std::ranges::begin(holder_.get());
+    end_ = std::ranges::end(holder_.get());
+    begun_ = true;
   }
 
   range_holder<R> holder_;
-  std::optional<std::ranges::iterator_t<range_type>> it_;
-  std::optional<std::ranges::sentinel_t<range_type>> end_;
+  cursor_slot<std::ranges::iterator_t<range_type>> it_;
+  cursor_slot<std::ranges::sentinel_t<range_type>> end_;
+  bool begun_ = false;
 };
 
 }  // namespace sluice::detail

@@ -8,11 +8,8 @@
 #include <sluice/detail/asio.hpp>
 
 #include <cstddef>
-#include <exception>
 #include <memory>
 #include <optional>
-#include <stdexcept>
-#include <system_error>
 #include <utility>
 
 namespace sluice::detail {
@@ -92,83 +89,38 @@ class stream_core : public stream_delivery<T, Executor> {
     if (std::optional<T> out; c->try_take(out)) co_return out;
     // The common wait, between two waves of results, runs here, in this
     // frame: a started stream, not finished, this the only consumer, not
-    // cancelled. It is wait_next()'s first round, word for word; wait_next()
-    // does the rest (a start, a cancelled caller, the end, a cancelled wait, a
-    // wake without a result) as it would have. (A wait_next() frame per wave
-    // on top of this one and Asio's for the wait is one more than Asio's
-    // frame cache, two blocks, recycles: a heap allocation per wave.)
+    // cancelled. It is wait_result()'s first round, word for word;
+    // wait_result() does the rest (a start, a cancelled caller, the end, a
+    // cancelled wait, a wake without a result) as it would have. (A
+    // wait_result() frame per wave on top of this one and Asio's for the wait
+    // is one more than Asio's frame cache, two blocks, recycles: a heap
+    // allocation per wave.) wait_result() does not depend on T: compiled once
+    // per executor, not per result type (issue 32).
     if (c->started_ && !c->consumer_ && !c->finished()) {
       const auto state = co_await asio::this_coro::cancellation_state;
       if (state.cancelled() == asio::cancellation_type::none) {
-        co_await c->async_wait(false);
+        co_await c->consumer_wait(false);
         const bool aborted = std::exchange(c->consumer_aborted_, false);
         if (std::optional<T> out; !aborted && c->try_take(out)) co_return out;
         // Asio would throw at this co_await if the caller's cancellation was
-        // requested meanwhile: off until wait_next() puts it back.
+        // requested meanwhile: off until wait_result() puts it back.
         const bool was = co_await asio::this_coro::throw_if_cancelled();
         co_await asio::this_coro::throw_if_cancelled(false);
-        co_return co_await wait_next_from(c.operator->(), true, was, aborted);
+        co_await delivery::wait_result(c.operator->(), true, was, aborted);
+        co_return take(*c.operator->());
       }
     }
-    co_return co_await wait_next_from(c.operator->());
+    // `c` (next_ref) keeps the core alive while wait_result() runs. A result
+    // it left buffered is taken here before anything else can run.
+    co_await delivery::wait_result(c.operator->());
+    co_return take(*c.operator->());
   }
 
-  // wait_next(), called out of line: its shared_ptr is not a temporary in
-  // next()'s frame.
-  template <class... A>
-  [[gnu::noinline]] static asio::awaitable<std::optional<T>, Executor> wait_next_from(
-      stream_core* c, A... a) {
-    return wait_next(std::static_pointer_cast<stream_core>(c->shared_from_this()), a...);
-  }
-
-  // next() when no result waits: starts the stream, waits, ends or reports.
-  // From a wait in next() (waited): `was` is the caller's throw_if_cancelled
-  // to put back; `aborted`: that wait completed with operation_aborted.
-  static asio::awaitable<std::optional<T>, Executor> wait_next(std::shared_ptr<stream_core> c,
-                                                               bool waited = false, bool was = true,
-                                                               bool aborted = false) {
-    bool cancelled = false;
-    if (waited) {
-      co_await asio::this_coro::throw_if_cancelled(was);
-    } else {
-      if (c->consumer_)
-        throw std::logic_error(
-            "sluice::stream::next: another next() is still waiting; a stream has one consumer");
-      // A caller whose cancellation was requested before this call (only
-      // possible with throw_if_cancelled(false): Asio throws at the co_await
-      // otherwise) starts nothing, and is otherwise treated as one cancelled
-      // while it waits: a result already waiting is still handed out.
-      const auto state = co_await asio::this_coro::cancellation_state;
-      cancelled = state.cancelled() != asio::cancellation_type::none;
-      if (!c->started_ && !c->stopping_) {
-        if (cancelled) {
-          c->abandon();
-          throw system_error(asio::error::operation_aborted, "sluice::stream::next");
-        }
-        c->start(co_await asio::this_coro::executor);
-      }
-    }
-    error_code ec;
-    if (aborted) ec = asio::error::operation_aborted;
-    while (!ec) {
-      // Read: its slot goes to the next input at once.
-      if (std::optional<T> out; c->try_take(out)) co_return out;
-      if (c->finished()) break;
-      co_await c->async_wait(cancelled);
-      if (std::exchange(c->consumer_aborted_, false)) ec = asio::error::operation_aborted;
-    }
-    // Stopped (a failure, a cancelled consumer): an owned upstream stage may
-    // still run ahead of us; stop it and wait for it before reporting, even
-    // if this coroutine was cancelled already.
-    if (c->stopping_ && !c->input_shut_) {
-      const bool was = co_await asio::this_coro::throw_if_cancelled();
-      co_await asio::this_coro::throw_if_cancelled(false);
-      co_await workers::shut_input(c);
-      co_await asio::this_coro::throw_if_cancelled(was);
-    }
-    if (ec) throw system_error(ec, "sluice::stream::next");
-    if (auto e = std::exchange(c->error_, nullptr)) std::rethrow_exception(e);
-    co_return std::nullopt;
+  // The result wait_result() left buffered; none when the stream finished.
+  static std::optional<T> take(stream_core& c) {
+    std::optional<T> out;
+    c.try_take(out);
+    return out;
   }
 
   // The stream has already been stopped (abandon()) by stream::close(). The

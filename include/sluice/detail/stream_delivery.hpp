@@ -3,38 +3,30 @@
 #define SLUICE_DETAIL_STREAM_DELIVERY_HPP
 
 #include <sluice/config.hpp>
-#include <sluice/detail/child_set.hpp>
-#include <sluice/detail/loop_service.hpp>
 #include <sluice/detail/result_ring.hpp>
-#include <sluice/detail/stream_workers.hpp>
+#include <sluice/detail/stream_consumer.hpp>
 
 #include <sluice/detail/asio.hpp>
 
 #include <cstddef>
-#include <exception>
-#include <memory>
 #include <optional>
 #include <type_traits>
 #include <utility>
 
 namespace sluice::detail {
 
-// How one sluice::stream's results reach its consumer: the buffer, the
-// sink, and the consumer's wait inside next() (resumed, cancelled, or
-// served a burst of results by one post). The middle layer of the stream's
-// shared state: stream_workers (slots, workers) below it, stream_core (next(),
-// close(), the stream's hold on it) above it.
+// How one sluice::stream's results reach its consumer: the buffer and the
+// sink, the part of the consumer side that depends on the result type. The
+// stream's shared state in layers: stream_workers (slots, workers) and
+// stream_consumer (next()'s wait, the failure, the stop) below it, stream_core
+// (next(), close(), the stream's hold on it) above it.
 //
 // Results: buffer_ (a ring of at most limit_) is read by next() and, without
 // a next() frame per result, by sluice::for_each (try_take()). A waiting
 // sink (for_each's synchronous body) takes them from the workers instead.
-//
-// error_ is the first failure (a task's or the input's), never the aftermath of
-// a stop; next() rethrows it once the buffer is drained and the stream finished.
 template <class T, class Executor>
-class stream_delivery : public stream_workers<Executor>,
-                        public std::enable_shared_from_this<stream_delivery<T, Executor>> {
-  using workers = stream_workers<Executor>;
+class stream_delivery : public stream_consumer<Executor> {
+  using consumer = stream_consumer<Executor>;
 
  public:
   [[nodiscard]] std::size_t ready() const noexcept { return buffer_.size(); }
@@ -67,8 +59,8 @@ class stream_delivery : public stream_workers<Executor>,
     verdict (*take)(sink& self, T& value) noexcept;
   };
   void set_sink(sink* s) noexcept {
-    wanted_sink_ = s;
-    if (s == nullptr) sink_ = nullptr;
+    this->wanted_sink_ = s;
+    if (s == nullptr) this->sink_ = nullptr;
   }
 
   // Stops without waiting: no more input, running tasks cancelled, unread
@@ -76,37 +68,24 @@ class stream_delivery : public stream_workers<Executor>,
   // a cancelled consumer still gets it from a later next()). The destructor
   // of a stream and close() call it.
   void abandon(bool keep_error = false) final {
-    stop();
+    this->stop();
     buffer_.clear();
-    if (!keep_error) error_ = nullptr;
+    if (!keep_error) this->error_ = nullptr;
   }
 
  protected:
-  explicit stream_delivery(std::size_t limit) : workers(limit) {}
+  explicit stream_delivery(std::size_t limit) : consumer(limit) {}
   stream_delivery(const stream_delivery&) = delete;
   stream_delivery& operator=(const stream_delivery&) = delete;
   ~stream_delivery() = default;
 
-  using workers::children_;
-  using workers::consumer_;
-  using workers::consumer_aborted_;
-  using workers::consumer_on_ex_;
-  using workers::deferring_kicks_;
-  using workers::ending_;
-  using workers::ex_;
-  using workers::exhausted_;
-  using workers::finished;
-  using workers::give_back_slot;
-  using workers::input_exhausted;
-  using workers::kick;
-  using workers::kick_deferred_;
-  using workers::live_;
-  using workers::post;
-  using workers::resume_parked;
-  using workers::run_deferring_kicks;
-  using workers::stopping_;
-  using workers::used_;
-  using workers::wake_all;
+  using consumer::give_back_slot;
+  using consumer::notify_consumer;
+  using consumer::sink_;
+  using consumer::stop;
+  using consumer::stopping_;
+
+  [[nodiscard]] bool has_result() const noexcept final { return !buffer_.empty(); }
 
   // ---- worker side ---------------------------------------------------------
 
@@ -146,29 +125,6 @@ class stream_delivery : public stream_workers<Executor>,
     notify_consumer();
   }
 
-  // The first failure: fail fast (cancel = true) stops everything, cancelling
-  // the running tasks but `self`; settling (cancel = false) only stops pulling.
-  void fail(std::exception_ptr e, std::size_t self, bool cancel) {
-    if (stopping_ || (exhausted_ && error_)) return;
-    error_ = std::move(e);
-    if (cancel) {
-      stop(self);
-    } else {
-      input_exhausted();
-    }
-    notify_consumer();
-  }
-
-  void worker_left() {
-    --live_;
-    notify_consumer();
-  }
-  // An error of the stream's own machinery (a progress report that threw):
-  // next() rethrows it at the end unless a failure came first.
-  void report_error(std::exception_ptr e) {
-    if (!error_) error_ = std::move(e);
-  }
-
   // ---- consumer side -------------------------------------------------------
 
   // The waiting sink (sluice::for_each's body) takes `value` here, in the
@@ -182,17 +138,13 @@ class stream_delivery : public stream_workers<Executor>,
   // exception) stops the stream, its running tasks but `self` cancelled;
   // next() ends once every worker has left.
   [[gnu::always_inline]] void hand_to_sink(std::size_t self, T& value) {
-    const auto v = sink_->take(*sink_, value);
+    auto& s = *static_cast<sink*>(sink_);
+    const auto v = s.take(s, value);
     if (v == sink::verdict::taken) [[likely]] {
-      if (taken_++ == 0) post_release();
+      this->sink_took();
       return;
     }
     sink_declined(self, value, v);
-  }
-  [[gnu::noinline]] void post_release() {
-    this->post_call(this->shared_from_this(), [](workers& w, erased_handler<>&) {
-      static_cast<stream_delivery&>(w).release_taken();
-    });
   }
   [[gnu::noinline]] void sink_declined(std::size_t self, T& value, typename sink::verdict v) {
     if (v == sink::verdict::refused) {
@@ -202,93 +154,11 @@ class stream_delivery : public stream_workers<Executor>,
     }
     give_back_slot(false);
     stop(self);
-    error_ = nullptr;
+    this->error_ = nullptr;
     notify_consumer();
   }
 
-  // The slots of the results the sink took since the last call go back, and
-  // the parked workers resume here, one after the other, for as long as slots
-  // are free (their kicks deferred to this loop, as in resume_consumer()).
-  void release_taken() {
-    used_ -= std::exchange(taken_, 0);
-    const bool outer = std::exchange(deferring_kicks_, true);
-    kick();
-    deferring_kicks_ = outer;
-    if (std::exchange(kick_deferred_, false)) resume_parked();
-  }
-
-  void stop(std::size_t except = child_set::none) {
-    stopping_ = true;
-    ending_ = true;
-    sink_ = nullptr;
-    children_->cancel_all(except);
-    wake_all();
-  }
-
-  // The waiter inside next(): completes when a result is buffered or the
-  // stream finished; a cancelled consumer (cancelled while it waits, or
-  // already before: cancel_now) stops the stream and completes with
-  // operation_aborted once every worker has left (consumer_aborted_, read
-  // when it resumes: no error_code through the handler, whose redirect_error
-  // wrapper costs an initiation and a handler of its own per wave).
-  asio::awaitable<void, Executor> async_wait(bool cancel_now) {
-    return this->consumer_wait(cancel_now);
-  }
-
-  // consumer_wait()'s: the sink (if any) takes results while this consumer
-  // waits: it runs on the workers' executor, the buffer is empty (next()
-  // found nothing), nothing stopped. Every way the wait ends clears it.
-  void consumer_waiting(bool cancel_now) final {
-    if (consumer_on_ex_ && !stopping_ && !cancel_now) sink_ = wanted_sink_;
-  }
-
-  void cancel_consumer() final {
-    if (consumer_cancelled_) return;
-    consumer_cancelled_ = true;
-    abandon(true);
-    // Never complete from inside the slot's own handler (or the initiation).
-    this->post_call(this->shared_from_this(), [](workers& w, erased_handler<>&) {
-      static_cast<stream_delivery&>(w).notify_consumer();
-    });
-  }
-
-  [[gnu::always_inline]] void notify_consumer() {
-    if (consumer_) notify_waiting_consumer();
-  }
-  [[gnu::noinline]] void notify_waiting_consumer() {
-    if (consumer_cancelled_) {
-      if (live_ != 0) return;
-      consumer_cancelled_ = false;
-      sink_ = nullptr;
-      consumer_aborted_ = true;
-      consumer_.complete();
-    } else if (!buffer_.empty() || finished()) {
-      resume_consumer();
-    }
-  }
-
-  // Hands the consumer a result (or the end) through one post that then also
-  // serves the workers whose slots the consumer frees: while the consumer
-  // runs there (until it suspends again), a kick that would wake a parked
-  // worker through a post of its own is deferred, and the workers are resumed
-  // in the same posted function right after the consumer (resume_parked()).
-  // The workers still run only after the consumer has suspended.
-  void resume_consumer() {
-    sink_ = nullptr;
-    if (!consumer_on_ex_) {
-      consumer_.complete();
-      return;
-    }
-    consumer_.clear_slot();
-    this->post_call(this->shared_from_this(), &workers::resume_with_parked, consumer_.release());
-  }
-
   result_ring<T> buffer_;
-  std::exception_ptr error_;
-  sink* wanted_sink_ = nullptr;  // for_each's body, set around its next()
-  sink* sink_ = nullptr;         // the same while that next() waits (see async_wait)
-  std::size_t taken_ = 0;        // slots of results the sink took, not yet given back
-  bool consumer_cancelled_ = false;
 };
 
 }  // namespace sluice::detail

@@ -7,6 +7,7 @@
 #include <sluice/detail/completion.hpp>
 #include <sluice/detail/loop_post.hpp>
 #include <sluice/detail/loop_service.hpp>
+#include <sluice/detail/throw_error.hpp>
 
 #include <sluice/detail/asio.hpp>
 
@@ -19,9 +20,10 @@
 namespace sluice::detail {
 
 // The worker side of one sluice::stream: its slots, and the workers (see
-// map_unordered.hpp) that fill them, park and are woken. stream_core (the
-// consumer side: next(), the sink, the results) derives from it; the two
-// share one object and one loop.
+// map_unordered.hpp) that fill them, park and are woken. stream_consumer
+// (next()'s wait, the failure, the stop), stream_delivery (the results and
+// the sink) and stream_core (next(), close()) derive from it, in that order;
+// they share one object and one loop.
 //
 // Slots: used_ counts inputs taken and not yet given back: tasks being pulled
 // or running, and finished results in the buffer (unread). next() gives a slot
@@ -37,12 +39,12 @@ namespace sluice::detail {
 // posts and a worker that runs short tasks inline fills them all by itself.
 // A wake is a post that looks again when it runs (wake_one()): a worker with
 // no slot by then stays parked. The post that resumes a waiting consumer
-// (stream_core::resume_consumer()) also serves the slots it frees: kicks are
+// (stream_consumer::resume_consumer()) also serves the slots it frees: kicks are
 // deferred while the consumer runs there (run_deferring_kicks()), and parked
 // workers resume in that post right after it suspends (resume_parked()), so a
 // burst of results costs one post, not one per worker.
 template <class Executor>
-class stream_workers {
+class stream_workers : public std::enable_shared_from_this<stream_workers<Executor>> {
  public:
   [[nodiscard]] std::size_t running() const noexcept { return running_; }
   // True while a task runs or an input is being pulled: what may still touch
@@ -120,16 +122,10 @@ class stream_workers {
   // waits for it). The callers turn throw_if_cancelled off around it: a
   // cancelled consumer must not leave the upstream running either. An error
   // of the close itself (only its own cancellation) is not the stream's.
-  static asio::awaitable<void, Executor> shut_input(std::shared_ptr<stream_workers> c);
+  // `c` is kept alive by the caller.
+  static asio::awaitable<void, Executor> shut_input(stream_workers* c);
   // Closes an owned async source that has close(); nothing otherwise.
   virtual asio::awaitable<void, Executor> close_input();
-
-  // The consumer's wait inside next() (stream_delivery::async_wait says
-  // when it completes); what depends on the result type goes through
-  // consumer_waiting() (the handler is held) and cancel_consumer().
-  asio::awaitable<void, Executor> consumer_wait(bool cancel_now);
-  virtual void consumer_waiting(bool cancel_now) = 0;
-  virtual void cancel_consumer() = 0;
 
   void spawn() {
     ++spawned_;
@@ -160,7 +156,7 @@ class stream_workers {
     void operator()() { fn(*self, h); }
   };
   // post_call()'s: resumes the consumer's handler `h` with the kicks
-  // deferred, then the parked workers (see stream_delivery::resume_consumer).
+  // deferred, then the parked workers (see stream_consumer::resume_consumer).
   static void resume_with_parked(stream_workers& self, erased_handler<>& h) {
     if (self.run_deferring_kicks(h)) self.resume_parked();
   }
@@ -243,30 +239,6 @@ asio::awaitable<void, Executor> stream_workers<Executor>::park() {
 }
 
 template <class Executor>
-asio::awaitable<void, Executor> stream_workers<Executor>::consumer_wait(bool cancel_now) {
-  return asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
-      [this, cancel_now](auto handler) {
-        auto slot = asio::get_associated_cancellation_slot(handler);
-        if (slot.is_connected() && !cancel_now) {
-          slot.assign([this](asio::cancellation_type type) {
-            if ((type & (asio::cancellation_type::terminal | asio::cancellation_type::partial |
-                         asio::cancellation_type::total)) == asio::cancellation_type::none)
-              return;
-            cancel_consumer();
-          });
-        }
-        // A consumer on another executor than the workers' (a stream moved
-        // to another strand) is completed by a post of its own.
-        consumer_on_ex_ = asio::get_associated_executor(handler, *ex_) == *ex_;
-        consumer_aborted_ = false;
-        consumer_.hold(std::move(handler), *ex_);
-        consumer_waiting(cancel_now);
-        if (cancel_now) cancel_consumer();
-      },
-      asio::use_awaitable_t<Executor>{});
-}
-
-template <class Executor>
 asio::awaitable<void, Executor> stream_workers<Executor>::hop() {
   return asio::post(*ex_, asio::use_awaitable_t<Executor>{});
 }
@@ -289,14 +261,13 @@ asio::awaitable<void, Executor> stream_workers<Executor>::close_stream(
   co_await asio::this_coro::throw_if_cancelled(false);
   error_code ec;
   co_await c->children_->join(ex, ec);
-  if (!c->input_shut_) co_await shut_input(c);
+  if (!c->input_shut_) co_await shut_input(c.get());
   co_await asio::this_coro::throw_if_cancelled(was);
-  if (ec) throw system_error(ec, "sluice::stream::close");
+  if (ec) throw_system_error(ec, "sluice::stream::close");
 }
 
 template <class Executor>
-asio::awaitable<void, Executor> stream_workers<Executor>::shut_input(
-    std::shared_ptr<stream_workers> c) {
+asio::awaitable<void, Executor> stream_workers<Executor>::shut_input(stream_workers* c) {
   c->input_shut_ = true;
   try {
     auto closing = c->close_input();
