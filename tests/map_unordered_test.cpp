@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <optional>
 #include <stdexcept>
@@ -138,6 +139,56 @@ TEST_CASE("a stream starts nothing before its first next()", "[map_unordered]") 
     auto first = co_await s.next();
     CHECK(first == 100);
     CHECK(loop.now() == 1100ms);
+  });
+}
+
+namespace {
+
+// 0..n-1 through an iterator with no default constructor (the cursor keeps
+// it in an optional until begin() is called); counts the calls of begin().
+struct no_default_ints {
+  int n = 0;
+  int* begun = nullptr;
+  struct sentinel {};
+  struct iterator {
+    using value_type = int;
+    using difference_type = std::ptrdiff_t;
+    explicit iterator(int first) : i(first) {}
+    int i;
+    int operator*() const { return i; }
+    iterator& operator++() {
+      ++i;
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    bool operator==(sentinel) const { return i == 100; }
+  };
+  iterator begin() const {
+    ++*begun;
+    return iterator(100 - n);
+  }
+  sentinel end() const { return {}; }
+};
+static_assert(!std::default_initializable<no_default_ints::iterator>);
+
+}  // namespace
+
+TEST_CASE(
+    "a range whose iterator has no default constructor is begun at the first next(), once, and "
+    "read to its end",
+    "[map_unordered]") {
+  virtual_loop loop;
+  flight f;
+  int begun = 0;
+  loop.run([&]() -> asio::awaitable<void> {
+    auto s = sluice::map_unordered([&](int d) { return nap(f, d); }, no_default_ints{3, &begun}, 2);
+    co_await sluice::sleep(1s);
+    CHECK(begun == 0);
+    std::vector<int> got;
+    while (auto r = co_await s.next()) got.push_back(*r);
+    CHECK(got == std::vector<int>{97, 98, 99});
+    CHECK(begun == 1);
+    CHECK(loop.now() == 1000ms + 196ms);  // 97 and 98 at 0, 99 when 97 ends
   });
 }
 

@@ -169,13 +169,7 @@ asio::awaitable<void, Executor> run_for_each(stream<T, Executor> s, Body body) {
   // body's (or the stream's) exception wins over the close's.
   const bool was = co_await asio::this_coro::throw_if_cancelled();
   co_await asio::this_coro::throw_if_cancelled(false);
-  try {
-    co_await s.close();
-  } catch (...) {
-    if (!error) error = std::current_exception();
-  }
-  co_await asio::this_coro::throw_if_cancelled(was);
-  if (error) std::rethrow_exception(error);
+  co_await stream_access::close_then_rethrow(s, std::move(error), was);
 }
 
 }  // namespace detail

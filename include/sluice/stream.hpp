@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -49,6 +50,14 @@ struct stream_access {
   template <class T, class Executor>
   static void set_sink(stream<T, Executor>& s, sink<T, Executor>* k) noexcept {
     if (s.core_) s.core_->set_sink(k);
+  }
+  // Stops the stream, waits for every task, closes an owned input, puts the
+  // caller's throw_if_cancelled back to `was`, then throws `error` or the
+  // close's own (sluice::for_each's way out).
+  template <class T, class Executor>
+  static asio::awaitable<void, Executor> close_then_rethrow(stream<T, Executor>& s,
+                                                            std::exception_ptr error, bool was) {
+    return stream_core<T, Executor>::close_then_rethrow(s.core_, std::move(error), was);
   }
 };
 }  // namespace detail

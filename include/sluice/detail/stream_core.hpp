@@ -8,6 +8,7 @@
 #include <sluice/detail/asio.hpp>
 
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -131,6 +132,11 @@ class stream_core : public stream_delivery<T, Executor> {
   // `c` null (a stream without a core): returns at once.
   static asio::awaitable<void, Executor> close(std::shared_ptr<stream_core> c) {
     return workers::close_stream(std::move(c));
+  }
+  // sluice::for_each's way out (stream_workers::close_then_rethrow).
+  static asio::awaitable<void, Executor> close_then_rethrow(std::shared_ptr<stream_core> c,
+                                                            std::exception_ptr error, bool was) {
+    return workers::close_then_rethrow(std::move(c), std::move(error), was);
   }
 
  private:
