@@ -9,6 +9,7 @@
 #include <sluice/detail/lazy.hpp>
 #include <sluice/detail/nursery.hpp>
 #include <sluice/detail/slot_queue.hpp>
+#include <sluice/detail/throw_error.hpp>
 #include <sluice/progress.hpp>
 #include <sluice/stop_source.hpp>
 #include <sluice/time.hpp>
@@ -20,7 +21,6 @@
 #include <exception>
 #include <limits>
 #include <memory>
-#include <stdexcept>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -136,7 +136,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   /// `limit == 0`.
   template <task_group_body Body>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body) {
-    check_limit(limit);
+    detail::check_limit(limit, "sluice::task_group::run");
     return run_impl(limit, std::move(body), nullptr, nullptr);
   }
 
@@ -147,7 +147,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   /// not called and `run` returns at once. `stop` must outlive the call.
   template <task_group_body Body>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body, stop_source& stop) {
-    check_limit(limit);
+    detail::check_limit(limit, "sluice::task_group::run");
     return run_impl(limit, std::move(body), &stop, nullptr);
   }
 
@@ -155,7 +155,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   /// `sluice::progress`).
   template <task_group_body Body, class F>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body, progress<F> report) {
-    check_limit(limit);
+    detail::check_limit(limit, "sluice::task_group::run");
     return run_impl(limit, std::move(body), nullptr,
                     std::make_unique<detail::progress_hooks_for<F>>(std::move(report)));
   }
@@ -164,7 +164,7 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   template <task_group_body Body, class F>
   [[nodiscard]] static asio::awaitable<void> run(std::size_t limit, Body body, stop_source& stop,
                                                  progress<F> report) {
-    check_limit(limit);
+    detail::check_limit(limit, "sluice::task_group::run");
     return run_impl(limit, std::move(body), &stop,
                     std::make_unique<detail::progress_hooks_for<F>>(std::move(report)));
   }
@@ -246,11 +246,6 @@ class task_group final : public std::enable_shared_from_this<task_group>,
   task_group& operator=(const task_group&) = delete;
 
  private:
-  static void check_limit(std::size_t limit) {
-    if (limit == 0)
-      throw std::invalid_argument("sluice::task_group::run: limit must be at least 1 (got 0)");
-  }
-
   // Detaches the group from its stop_source on every way out of run_impl.
   struct stop_registration {
     task_group& g;
