@@ -20,9 +20,10 @@ namespace sluice::detail {
 // Held by shared_ptr: by the stream, by each running worker and by a waiting
 // next(), so nothing dangles when the stream goes away first.
 //
-// Three rooms, each a base of the next: stream_workers (the slots, and the
-// workers that fill them, park and are woken), stream_delivery (how results
-// reach the consumer: the buffer, the sink, the consumer's wait), and this
+// Four rooms, each a base of the next: stream_workers (the slots, and the
+// workers that fill them, park and are woken), stream_consumer (the
+// consumer's wait, next()'s slow path, the failure, the stop: nothing that
+// depends on T), stream_delivery (the buffer and the sink, per T), and this
 // one, the stream's side: next(), close(), and the stream's hold on it.
 //
 // Ending: the stream is finished once no input will be pulled any more
